@@ -313,6 +313,36 @@ impl VarlenLayout {
     pub fn physical_block(&self, b: usize, j: usize) -> usize {
         self.fragments[b].phys_base + j
     }
+
+    /// For every physical block: the packed K row of its first key and the keys the document
+    /// stores in it; `(-1, 0)` for padding blocks. A document stores K up to its last
+    /// fragment's end, so the count is taken from the longest fragment of the document.
+    pub fn physical_block_keys(&self) -> (Vec<i32>, Vec<i32>) {
+        let mut start = vec![-1i32; self.padded_kv_blocks];
+        let mut count = vec![0i32; self.padded_kv_blocks];
+        for f in &self.fragments {
+            for j in 0..f.num_blocks {
+                let pb = f.phys_base + j;
+                start[pb] = (f.k_base + j * BLOCK_SIZE) as i32;
+                count[pb] = count[pb].max(f.block_keys(j) as i32);
+            }
+        }
+        (start, count)
+    }
+
+    /// Fragment of every packed query, `[T]`.
+    pub fn query_fragments(&self) -> Vec<i32> {
+        let mut out = Vec::with_capacity(self.total_q);
+        for (b, f) in self.fragments.iter().enumerate() {
+            out.extend(std::iter::repeat_n(b as i32, f.q_len));
+        }
+        out
+    }
+
+    /// `fragment_indices`, or the identity when the layout has none.
+    pub fn fragment_first(&self) -> Vec<i32> {
+        self.fragments.iter().map(|f| f.first as i32).collect()
+    }
 }
 
 #[cfg(test)]
@@ -352,6 +382,21 @@ mod tests {
         }
         assert_eq!(l.query_fragment(305), 1);
         assert_eq!(l.query_fragment(700), 4, "empty fragment 3 is skipped");
+    }
+
+    #[test]
+    fn physical_block_keys_cover_every_packed_key_once() {
+        let l = VarlenLayout::new(&[0, 32, 64, 70], &[0, 200, 300, 306], Some(&[0, 0, 2])).unwrap();
+        let (start, count) = l.physical_block_keys();
+        let mut seen = vec![0; l.total_k()];
+        for (s, c) in start.iter().zip(&count) {
+            for r in 0..*c {
+                seen[(*s + r) as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+        assert_eq!(l.query_fragments().len(), 70);
+        assert_eq!(l.fragment_first(), vec![0, 0, 2]);
     }
 
     #[test]

@@ -1,0 +1,8 @@
+/* The C ABI of the msa-rs kernels: one header per kernel family.
+ * Every launcher returns a cudaError_t code (0 = success) and takes the stream last. */
+#ifndef MSA_KERNELS_H
+#define MSA_KERNELS_H
+
+#include "msa/common.h"
+
+#endif /* MSA_KERNELS_H */
