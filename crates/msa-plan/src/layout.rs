@@ -105,7 +105,11 @@ fn check_cu(name: &'static str, cu: &[i32]) -> Result<()> {
 
 fn fits_i32(what: &'static str, got: usize) -> Result<()> {
     if got as i64 > I32_MAX {
-        return Err(PlanError::Overflow { what, limit: I32_MAX, got: got as i64 });
+        return Err(PlanError::Overflow {
+            what,
+            limit: I32_MAX,
+            got: got as i64,
+        });
     }
     Ok(())
 }
@@ -188,10 +192,21 @@ impl VarlenLayout {
             let phys_base = (k_base + first * BLOCK_SIZE) / BLOCK_SIZE;
             max_q = max_q.max(q_len);
             max_k = max_k.max(k_len);
-            fragments.push(Fragment { q_start, q_len, k_base, k_len, first, num_blocks, phys_base });
+            fragments.push(Fragment {
+                q_start,
+                q_len,
+                k_base,
+                k_len,
+                first,
+                num_blocks,
+                phys_base,
+            });
         }
         let padded_kv_blocks = (total_k + (batch + 1) * BLOCK_SIZE - 1) / BLOCK_SIZE;
-        fits_i32("workspace rows (padded K blocks x 128)", padded_kv_blocks * BLOCK_SIZE)?;
+        fits_i32(
+            "workspace rows (padded K blocks x 128)",
+            padded_kv_blocks * BLOCK_SIZE,
+        )?;
         fits_i32("queries x 16 x 4 (edge capacity)", total_q * 64)?;
 
         // Level-major row numbering: level 0 of every fragment that has it, then level 1, ...
@@ -206,12 +221,17 @@ impl VarlenLayout {
         let mut rows = Vec::with_capacity(total_rows);
         let mut fragment_rows = vec![0u32; total_rows];
         // Fragments sorted by block count let each level visit only the active ones.
-        let mut active: Vec<usize> = (0..batch).filter(|&b| fragments[b].num_blocks > 0).collect();
+        let mut active: Vec<usize> = (0..batch)
+            .filter(|&b| fragments[b].num_blocks > 0)
+            .collect();
         for level in 0..max_blocks {
             active.retain(|&b| fragments[b].num_blocks > level);
             for &b in &active {
                 fragment_rows[row_offsets[b] + level] = rows.len() as u32;
-                rows.push(RowCoord { fragment: b as u32, level: level as u32 });
+                rows.push(RowCoord {
+                    fragment: b as u32,
+                    level: level as u32,
+                });
             }
         }
         Ok(Self {
@@ -235,18 +255,23 @@ impl VarlenLayout {
         Self::new(cu_seqlens, cu_seqlens, None)
     }
 
+    /// `cu_seqlens_q`, `[B+1]`.
     pub fn cu_seqlens_q(&self) -> &[i32] {
         &self.cu_seqlens_q
     }
+    /// `cu_seqlens_k`, `[B+1]`.
     pub fn cu_seqlens_k(&self) -> &[i32] {
         &self.cu_seqlens_k
     }
+    /// `fragment_indices` as given (`None` for plain documents).
     pub fn fragment_indices(&self) -> Option<&[i32]> {
         self.fragment_indices.as_deref()
     }
+    /// Every fragment, in batch order.
     pub fn fragments(&self) -> &[Fragment] {
         &self.fragments
     }
+    /// Fragment `b`; panics if out of range.
     pub fn fragment(&self, b: usize) -> &Fragment {
         &self.fragments[b]
     }
@@ -254,9 +279,11 @@ impl VarlenLayout {
     pub fn batch(&self) -> usize {
         self.fragments.len()
     }
+    /// Packed queries T, `cu_seqlens_q[B]`.
     pub fn total_q(&self) -> usize {
         self.total_q
     }
+    /// Packed keys Tk, `cu_seqlens_k[B]`.
     pub fn total_k(&self) -> usize {
         self.total_k
     }
@@ -272,6 +299,7 @@ impl VarlenLayout {
     pub fn workspace_rows(&self) -> usize {
         self.padded_kv_blocks * BLOCK_SIZE
     }
+    /// Most queries of any fragment.
     pub fn max_seqlen_q(&self) -> usize {
         self.max_seqlen_q
     }
@@ -286,7 +314,11 @@ impl VarlenLayout {
 
     /// Fragment holding packed query `q` (empty fragments are skipped).
     pub fn query_fragment(&self, q: usize) -> usize {
-        assert!(q < self.total_q, "query {q} out of range ({} queries)", self.total_q);
+        assert!(
+            q < self.total_q,
+            "query {q} out of range ({} queries)",
+            self.total_q
+        );
         self.cu_seqlens_q.partition_point(|&c| c as usize <= q) - 1
     }
 
@@ -305,7 +337,10 @@ impl VarlenLayout {
 
     /// Row index of (fragment `b`, level), level-major.
     pub fn row_index(&self, b: usize, level: usize) -> usize {
-        assert!(level < self.fragments[b].num_blocks, "fragment {b} has no level {level}");
+        assert!(
+            level < self.fragments[b].num_blocks,
+            "fragment {b} has no level {level}"
+        );
         self.fragment_rows[self.row_offsets[b] + level] as usize
     }
 
@@ -415,11 +450,20 @@ mod tests {
         let e = |r: Result<VarlenLayout>| r.unwrap_err().to_string();
         assert!(e(VarlenLayout::new(&[0, 5], &[0, 5, 6], None)).contains("B+1 entries"));
         assert!(e(VarlenLayout::new(&[1, 5], &[0, 5], None)).contains("must start at 0, got 1"));
-        assert!(e(VarlenLayout::new(&[0, 5, 3], &[0, 5, 9], None)).contains("non-decreasing; entry 2 (= 3) < entry 1 (= 5)"));
+        assert!(e(VarlenLayout::new(&[0, 5, 3], &[0, 5, 9], None))
+            .contains("non-decreasing; entry 2 (= 3) < entry 1 (= 5)"));
         assert!(e(VarlenLayout::new(&[0, 5], &[0, 4], None)).contains("5 queries but only 4 keys"));
-        assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[0]))).contains("fragment_indices must have shape [2]"));
-        assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[0, 2]))).contains("must lie in [0, 1]"));
-        assert!(e(VarlenLayout::new(&[0, 5, 9, 12], &[0, 5, 9, 12], Some(&[0, 1, 0]))).contains("after an interruption"));
-        assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[1, 1]))).contains("must lie in [0, 0]"));
+        assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[0])))
+            .contains("fragment_indices must have shape [2]"));
+        assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[0, 2])))
+            .contains("must lie in [0, 1]"));
+        assert!(e(VarlenLayout::new(
+            &[0, 5, 9, 12],
+            &[0, 5, 9, 12],
+            Some(&[0, 1, 0])
+        ))
+        .contains("after an interruption"));
+        assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[1, 1])))
+            .contains("must lie in [0, 0]"));
     }
 }

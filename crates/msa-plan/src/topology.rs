@@ -66,7 +66,11 @@ impl Topology {
     }
 
     fn describe(&self) -> String {
-        let parts: Vec<String> = self.fields().iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let parts: Vec<String> = self
+            .fields()
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
         format!("({})", parts.join(", "))
     }
 
@@ -119,12 +123,25 @@ mod tests {
 
     #[test]
     fn other_configurations_are_rejected_with_both_sides_listed() {
-        let t = Topology { num_kv_heads: 8, ..Topology::MSA_V1 };
+        let t = Topology {
+            num_kv_heads: 8,
+            ..Topology::MSA_V1
+        };
         let err = t.validate().unwrap_err().to_string();
         assert!(err.contains("num_kv_heads must be 4, got 8"), "{err}");
-        assert!(err.contains("expected (num_q_heads=64, num_kv_heads=4"), "{err}");
+        assert!(
+            err.contains("expected (num_q_heads=64, num_kv_heads=4"),
+            "{err}"
+        );
         assert!(err.contains("got (num_q_heads=64, num_kv_heads=8"), "{err}");
-        let t = Topology { head_dim: 64, ..Topology::MSA_V1 };
-        assert!(t.validate().unwrap_err().to_string().contains("head_dim must be 128, got 64"));
+        let t = Topology {
+            head_dim: 64,
+            ..Topology::MSA_V1
+        };
+        assert!(t
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("head_dim must be 128, got 64"));
     }
 }
