@@ -1,1 +1,14 @@
-//! placeholder
+//! Real MSA training workloads: the CP16 manifest loader, the context-parallel rank split,
+//! seeded inputs and top-k selection patterns.
+
+pub mod cp;
+pub mod error;
+pub mod inputs;
+pub mod manifest;
+pub mod patterns;
+
+pub use cp::{chunk_workloads, magi_dispatch, split_pack, CpConfig, RankCase, RankFragment};
+pub use error::{Result, WorkloadError};
+pub use inputs::{case_seed, Inputs, Rng, Tensor};
+pub use manifest::{load_manifest, parse_manifest, Metrics, RealCase, DEV_MANIFEST};
+pub use patterns::{make_topk, Pattern, POOL_SIZES};
