@@ -1,0 +1,387 @@
+use half::bf16;
+use msa_plan::topology::{HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS};
+use msa_plan::VarlenLayout;
+
+use super::backward::backward_with_delta;
+use super::*;
+use crate::compare::allclose;
+use crate::error::RefError;
+use crate::testing::{
+    bf16s, dense_attention, dense_gradients, in_set, queries, random_topk, recent_topk, to_f64, Rng,
+};
+
+const D: usize = HEAD_DIM;
+
+struct Case {
+    layout: VarlenLayout,
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    topk: Vec<i32>,
+    dout: Vec<bf16>,
+}
+
+impl Case {
+    fn new(
+        layout: VarlenLayout,
+        topk: impl FnOnce(&VarlenLayout, &mut Rng) -> Vec<i32>,
+        seed: u64,
+    ) -> Self {
+        let mut rng = Rng::new(seed);
+        let (t, tk) = (layout.total_q(), layout.total_k());
+        let q = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.2);
+        let k = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
+        let v = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
+        let dout = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.1);
+        let topk = topk(&layout, &mut rng);
+        Self {
+            layout,
+            q,
+            k,
+            v,
+            topk,
+            dout,
+        }
+    }
+
+    fn inputs(&self) -> AttentionInputs<'_> {
+        AttentionInputs {
+            layout: &self.layout,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            topk: &self.topk,
+        }
+    }
+
+    fn dense(&self) -> (Vec<f64>, Vec<f64>) {
+        dense_attention(
+            &self.layout,
+            &to_f64(&self.q),
+            &to_f64(&self.k),
+            &to_f64(&self.v),
+            &self.topk,
+        )
+    }
+}
+
+fn random(l: &VarlenLayout, rng: &mut Rng) -> Vec<i32> {
+    random_topk(l, rng)
+}
+
+fn recent(l: &VarlenLayout, _: &mut Rng) -> Vec<i32> {
+    recent_topk(l)
+}
+
+/// A document split into 3 CP fragments (partial last blocks), then a short document.
+fn fragments() -> VarlenLayout {
+    VarlenLayout::new(
+        &[0, 20, 45, 60, 70],
+        &[0, 300, 700, 1000, 1050],
+        Some(&[0, 0, 0, 3]),
+    )
+    .unwrap()
+}
+
+/// Single-token documents between documents that are not multiples of 128.
+fn odd_documents() -> VarlenLayout {
+    VarlenLayout::new(&[0, 1, 3, 4, 20], &[0, 1, 130, 131, 400], None).unwrap()
+}
+
+/// More than 16 visible blocks, so selections are really sparse.
+fn long_document() -> VarlenLayout {
+    VarlenLayout::new(&[0, 4], &[0, 2600], None).unwrap()
+}
+
+fn as_f32(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+/// The contract's shared-fragment example (`testing.py make_shared_fragment_metadata`).
+fn contract_example() -> VarlenLayout {
+    VarlenLayout::new(&[0, 32, 64], &[0, 128, 256], Some(&[0, 0])).unwrap()
+}
+
+#[test]
+fn forward_equals_dense_attention_under_the_selection_mask() {
+    let cases = [
+        Case::new(contract_example(), random, 11),
+        Case::new(fragments(), random, 1),
+        Case::new(fragments(), recent, 2),
+        Case::new(odd_documents(), random, 3),
+        Case::new(long_document(), random, 4),
+        Case::new(long_document(), recent, 5),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let fwd = forward(&case.inputs()).unwrap();
+        let (out, lse) = case.dense();
+        let r = allclose(&fwd.out, &as_f32(&out), 2e-7, 1e-6);
+        assert!(r.passed(), "case {i} out: {r}");
+        let r = allclose(&fwd.lse, &as_f32(&lse), 1e-6, 1e-6);
+        assert!(r.passed(), "case {i} lse: {r}");
+        assert_eq!(fwd.out_bf16(), crate::compare::to_bf16(&fwd.out));
+    }
+    // The random pattern really produced empty sets (zero rows, -inf LSE) and invalid entries.
+    let fwd = forward(&cases[1].inputs()).unwrap();
+    let empty = fwd.lse.iter().filter(|l| **l == f32::NEG_INFINITY).count();
+    assert!(empty >= 16, "{empty} empty (query, head) sets");
+}
+
+#[test]
+fn backward_equals_dense_gradients() {
+    let cases = [
+        Case::new(contract_example(), recent, 12),
+        Case::new(fragments(), random, 13),
+        Case::new(odd_documents(), random, 14),
+        Case::new(long_document(), recent, 15),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let (out, lse) = case.dense();
+        let dout = to_f64(&case.dout);
+        let delta: Vec<f32> = out
+            .chunks_exact(D)
+            .zip(dout.chunks_exact(D))
+            .map(|(o, d)| o.iter().zip(d).map(|(a, b)| a * b).sum::<f64>() as f32)
+            .collect();
+        let got = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
+        let (q, k, v) = (to_f64(&case.q), to_f64(&case.k), to_f64(&case.v));
+        let want = dense_gradients(&case.layout, [&q, &k, &v], &dout, &case.topk);
+        for (name, got, want) in [
+            ("dq", &got.dq, &want[0]),
+            ("dk", &got.dk, &want[1]),
+            ("dv", &got.dv, &want[2]),
+        ] {
+            let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+            let r = allclose(got, &as_f32(want), 1e-5 * scale, 1e-4);
+            assert!(r.passed(), "case {i} {name}: {r}");
+        }
+    }
+}
+
+/// `L = Σ dout·O` in f64.
+fn loss(case: &Case, q: &[f64], k: &[f64], v: &[f64]) -> f64 {
+    let (out, _) = dense_attention(&case.layout, q, k, v, &case.topk);
+    out.iter()
+        .zip(&case.dout)
+        .map(|(o, d)| o * d.to_f64())
+        .sum()
+}
+
+#[test]
+fn gradients_match_central_finite_differences() {
+    let layout = VarlenLayout::new(&[0, 3, 8], &[0, 200, 300], Some(&[0, 0])).unwrap();
+    let mut case = Case::new(layout, random, 6);
+    let t = case.layout.total_q();
+    // Group 3 never selects block 1, so its keys 128..256 have zero gradients.
+    case.topk[3 * t * TOPK_BLOCKS..]
+        .iter_mut()
+        .filter(|e| **e == 1)
+        .for_each(|e| *e = -1);
+    let (out, lse) = case.dense();
+    // The exact delta (from the unrounded output), so only f32 rounding separates the
+    // reference from the true gradient.
+    let delta: Vec<f32> = (0..t * NUM_Q_HEADS)
+        .map(|r| {
+            (0..D)
+                .map(|d| out[r * D + d] * case.dout[r * D + d].to_f64())
+                .sum::<f64>() as f32
+        })
+        .collect();
+    let grads = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
+
+    let mut rng = Rng::new(60);
+    let base = [to_f64(&case.q), to_f64(&case.k), to_f64(&case.v)];
+    // Keys some query selects (non-zero gradients) and one key nobody selects.
+    let mut selected = Vec::new();
+    for &(q, p, _) in &queries(&case.layout) {
+        for g in 0..NUM_KV_HEADS {
+            for j in 0..=p {
+                if in_set(&case.topk, t, g, q, p, j) {
+                    selected.push((j, g));
+                }
+            }
+        }
+    }
+    let unselected = (150, 3);
+    assert!(!selected.contains(&unselected));
+    let h = 1e-4;
+    for (which, grad) in [&grads.dq, &grads.dk, &grads.dv].into_iter().enumerate() {
+        let scale = grad.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+        let mut entries: Vec<usize> = (0..6)
+            .map(|_| match which {
+                0 => rng.below(base[0].len()),
+                _ => {
+                    let (j, g) = selected[rng.below(selected.len())];
+                    (j * NUM_KV_HEADS + g) * D + rng.below(D)
+                }
+            })
+            .collect();
+        if which > 0 {
+            entries.push((unselected.0 * NUM_KV_HEADS + unselected.1) * D + 5);
+        }
+        for at in entries {
+            let eval = |delta: f64| {
+                let mut x = base.clone();
+                x[which][at] += delta;
+                loss(&case, &x[0], &x[1], &x[2])
+            };
+            let fd = (eval(h) - eval(-h)) / (2.0 * h);
+            let got = grad[at] as f64;
+            assert!(
+                (got - fd).abs() <= 1e-5 * scale + 1e-4 * fd.abs(),
+                "tensor {which} entry {at}: {got} vs fd {fd}"
+            );
+        }
+    }
+
+    // The public entry point (delta from the bf16 output) stays within bf16 rounding of it.
+    let out_bf16 = crate::compare::to_bf16(&as_f32(&out));
+    let public = backward(&case.inputs(), &case.dout, &out_bf16, &as_f32(&lse)).unwrap();
+    for (a, b) in [
+        (&public.dq, &grads.dq),
+        (&public.dk, &grads.dk),
+        (&public.dv, &grads.dv),
+    ] {
+        assert!(crate::compare::cosine(a, b) > 0.9999);
+    }
+    assert_eq!(public.dv, grads.dv, "dV does not depend on delta");
+}
+
+#[test]
+fn empty_selections_give_zero_output_and_zero_gradients() {
+    // Only ignored entries: -1, negative, past the document, and future blocks.
+    let layout = VarlenLayout::new(&[0, 32, 64], &[0, 128, 300], Some(&[0, 0])).unwrap();
+    let junk = |l: &VarlenLayout, _: &mut Rng| {
+        let mut topk = vec![-1i32; NUM_KV_HEADS * l.total_q() * TOPK_BLOCKS];
+        for (i, e) in topk.iter_mut().enumerate() {
+            *e = [-1, -7, 3, 9][i % 4];
+        }
+        // Fragment 0's queries (positions 96..127) would see block 2 only in the future.
+        topk[..TOPK_BLOCKS].fill(2);
+        topk
+    };
+    let case = Case::new(layout, junk, 7);
+    let fwd = forward(&case.inputs()).unwrap();
+    assert!(fwd.out.iter().all(|&x| x == 0.0));
+    assert!(fwd.lse.iter().all(|&x| x == f32::NEG_INFINITY));
+    let g = backward(&case.inputs(), &case.dout, &fwd.out_bf16(), &fwd.lse).unwrap();
+    assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|&x| x == 0.0));
+}
+
+#[test]
+fn unselected_keys_get_exact_zero_gradients() {
+    // Group 0 never selects block 1; group 1 selects only block 0 of fragment 1's document.
+    let layout = VarlenLayout::new(&[0, 10, 20], &[0, 200, 400], Some(&[0, 0])).unwrap();
+    let pattern = |l: &VarlenLayout, _: &mut Rng| {
+        let t = l.total_q();
+        let mut topk = recent_topk(l);
+        for q in 0..t {
+            topk[q * TOPK_BLOCKS..(q + 1) * TOPK_BLOCKS]
+                .iter_mut()
+                .for_each(|e| {
+                    if *e == 1 {
+                        *e = -1
+                    }
+                });
+            topk[(t + q) * TOPK_BLOCKS..(t + q + 1) * TOPK_BLOCKS]
+                .copy_from_slice(&[0; TOPK_BLOCKS]);
+        }
+        topk
+    };
+    let case = Case::new(layout, pattern, 8);
+    let fwd = forward(&case.inputs()).unwrap();
+    let g = backward(&case.inputs(), &case.dout, &fwd.out_bf16(), &fwd.lse).unwrap();
+    let at = |j: usize, grp: usize| (j * NUM_KV_HEADS + grp) * D..(j * NUM_KV_HEADS + grp + 1) * D;
+    for j in 0..400 {
+        let (zero_g0, zero_g1) = (j / 128 == 1, j >= 128);
+        for (grp, zero) in [(0, zero_g0), (1, zero_g1)] {
+            for t in [&g.dk, &g.dv] {
+                let row = &t[at(j, grp)];
+                assert_eq!(row.iter().all(|&x| x == 0.0), zero, "key {j} group {grp}");
+            }
+        }
+    }
+}
+
+#[test]
+fn subset_apis_equal_full_results_and_threads_do_not_matter() {
+    let case = Case::new(fragments(), random, 9);
+    let inputs = case.inputs();
+    let fwd = forward(&inputs).unwrap();
+    let (out, lse) = (fwd.out_bf16(), fwd.lse.clone());
+    let full = backward(&inputs, &case.dout, &out, &lse).unwrap();
+
+    let qs = [69, 3, 20, 3, 44, 0];
+    let sub = forward_queries(&inputs, &qs).unwrap();
+    let dq = backward_dq_queries(&inputs, &case.dout, &out, &lse, &qs).unwrap();
+    let row = NUM_Q_HEADS * D;
+    for (i, &q) in qs.iter().enumerate() {
+        assert_eq!(
+            sub.out[i * row..(i + 1) * row],
+            fwd.out[q * row..(q + 1) * row]
+        );
+        assert_eq!(
+            sub.lse[i * NUM_Q_HEADS..(i + 1) * NUM_Q_HEADS],
+            fwd.lse[q * NUM_Q_HEADS..(q + 1) * NUM_Q_HEADS]
+        );
+        assert_eq!(dq[i * row..(i + 1) * row], full.dq[q * row..(q + 1) * row]);
+    }
+    for (g, rows) in [
+        (0, 0..1050),
+        (1, 100..300),
+        (3, 250..260),
+        (2, 999..1001),
+        (2, 5..5),
+    ] {
+        let (dk, dv) = backward_dkv_keys(&inputs, &case.dout, &out, &lse, g, rows.clone()).unwrap();
+        for (i, j) in rows.enumerate() {
+            let at = (j * NUM_KV_HEADS + g) * D;
+            assert_eq!(
+                dk[i * D..(i + 1) * D],
+                full.dk[at..at + D],
+                "dk key {j} group {g}"
+            );
+            assert_eq!(
+                dv[i * D..(i + 1) * D],
+                full.dv[at..at + D],
+                "dv key {j} group {g}"
+            );
+        }
+    }
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let serial = pool.install(|| backward(&inputs, &case.dout, &out, &lse).unwrap());
+    assert_eq!(serial, full);
+    assert_eq!(pool.install(|| forward(&inputs).unwrap()), fwd);
+}
+
+#[test]
+fn malformed_inputs_are_rejected() {
+    let case = Case::new(odd_documents(), recent, 10);
+    let mut inputs = case.inputs();
+    inputs.v = &case.v[1..];
+    assert!(matches!(
+        forward(&inputs),
+        Err(RefError::Length { name: "v", .. })
+    ));
+    let inputs = case.inputs();
+    let err = forward_queries(&inputs, &[0, 20]).unwrap_err();
+    assert_eq!(err.to_string(), "query 20 is out of range (limit 20)");
+    let fwd = forward(&inputs).unwrap();
+    let (out, lse) = (fwd.out_bf16(), fwd.lse.clone());
+    let short = &lse[1..];
+    assert!(matches!(
+        backward(&inputs, &case.dout, &out, short),
+        Err(RefError::Length { name: "lse", .. })
+    ));
+    let err = backward_dkv_keys(&inputs, &case.dout, &out, &lse, 4, 0..1).unwrap_err();
+    assert!(matches!(err, RefError::OutOfRange { what: "group", .. }));
+    let err = backward_dkv_keys(&inputs, &case.dout, &out, &lse, 0, 390..401).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "key rows 390..401 is out of range (limit 400)"
+    );
+}
