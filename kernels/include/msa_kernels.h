@@ -4,5 +4,12 @@
 #define MSA_KERNELS_H
 
 #include "msa/common.h"
+#include "msa/util.h"
+#include "msa/attention.h"
+#include "msa/prepare.h"
+#include "msa/task_build.h"
+#include "msa/pre_post.h"
+#include "msa/indexer.h"
+#include "msa/kl.h"
 
 #endif /* MSA_KERNELS_H */

@@ -1,31 +1,13 @@
-//! `cargo xtask gpu-bundle [--out DIR]`: the stripped `msa` CLI and GPU suite plus `run.sh`,
-//! ready to copy to a GPU machine.
+//! `cargo xtask gpu-bundle [--out DIR]`: the stripped `msa` CLI and GPU suite plus the runner
+//! (scripts/gpu-run.sh as `run.sh`) and its PyTorch helper, ready to copy to a GPU machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const MAX_BYTES: u64 = 64 << 20;
 
-const RUN_SH: &str = r#"#!/usr/bin/env bash
-# msa-rs GPU bundle runner (written by `cargo xtask gpu-bundle`).
-# usage: run.sh OUTDIR [suite args...]
-# Writes OUTDIR/info.txt (`msa info`), OUTDIR/gpu-suite.log, and the suite's JSON results
-# (MSA_GPU_RESULTS=OUTDIR); exits with the suite's status. Works from any directory.
-set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [ "$#" -lt 1 ]; then
-    echo "usage: $0 OUTDIR [suite args...]" >&2
-    exit 2
-fi
-mkdir -p "$1" || exit 2
-out="$(cd "$1" && pwd)"
-shift
-if ! "$here/msa" info >"$out/info.txt" 2>&1; then
-    echo "run.sh: \`msa info\` failed; see $out/info.txt" >&2
-fi
-MSA_GPU_RESULTS="$out" "$here/gpu-suite" --test-threads=1 "$@" 2>&1 | tee "$out/gpu-suite.log"
-exit "${PIPESTATUS[0]}"
-"#;
+/// Committed scripts the bundle carries: the runner (as `run.sh`) and what it calls.
+const SCRIPTS: [(&str, &str); 2] = [("scripts/gpu-run.sh", "run.sh"), ("scripts/torch_inputs.py", "torch_inputs.py")];
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let root = crate::repo_root();
@@ -74,12 +56,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     strip(&msa, &out.join("msa"))?;
     strip(&suite, &out.join("gpu-suite"))?;
-    let runner = out.join("run.sh");
-    std::fs::write(&runner, RUN_SH).map_err(|e| format!("writing {}: {e}", runner.display()))?;
-    make_executable(&runner)?;
+    for (src, name) in SCRIPTS {
+        let dst = out.join(name);
+        std::fs::copy(root.join(src), &dst).map_err(|e| format!("copying {src}: {e}"))?;
+        make_executable(&dst)?;
+    }
 
     let mut bytes = 0;
-    for name in ["msa", "gpu-suite", "run.sh"] {
+    for name in ["msa", "gpu-suite", "run.sh", "torch_inputs.py"] {
         let path = out.join(name);
         bytes += path
             .metadata()
@@ -94,7 +78,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ));
     }
     println!(
-        "gpu-bundle: {} ({mib:.1} MiB): msa, gpu-suite, run.sh; run `run.sh OUTDIR` on the GPU host",
+        "gpu-bundle: {} ({mib:.1} MiB): msa, gpu-suite, run.sh, torch_inputs.py; run `run.sh OUTDIR` on the GPU host",
         out.display()
     );
     Ok(())

@@ -11,6 +11,7 @@ pub type DevicePtr = u64;
 /// default stream.
 pub type Stream = *mut std::ffi::c_void;
 
+pub mod attention;
 pub mod indexer;
 pub mod kl;
 pub mod pre_post;

@@ -1,1 +1,52 @@
-fn main() {}
+//! `msa`: the command-line front door of msa-rs.
+
+mod attention;
+mod compare;
+mod info;
+mod plan;
+mod run;
+mod select;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "msa", version, about = "MiniMax Sparse Attention (MSA v1) training kernels: plan, run and check")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What is built (features, kernel architectures) and what the device probe sees.
+    Info,
+    /// Schedule statistics of cases: rows, edges, work items, tasks, bins, grid, FLOPs.
+    Plan(plan::Args),
+    /// Forward + backward (+ indexer + KL) of cases on a backend, checked with MSA's tolerances.
+    Run(run::Args),
+    /// Attention (and gradients when `dout` is present, indexer when `qi`/`ki` are) of the
+    /// tensors in a safetensors file.
+    Attention(attention::Args),
+    /// Compare two outputs files (e.g. cuda against cpu) under MSA's tolerances.
+    Compare(compare::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info => info::run(),
+        Command::Plan(a) => plan::run(&a),
+        Command::Run(a) => run::run(&a),
+        Command::Attention(a) => attention::run(&a),
+        Command::Compare(a) => compare::run(&a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Indexer family (`kernels/include/msa/indexer.h`): the lightning indexer forward (block
+//! scores, top-k selection and the LSE of the selected tokens), deterministic.
+
+use super::{DevicePtr, Stream};
+use crate::{sys, KernelError};
+
+/// Workspace bytes [`forward`] needs for `varlen`'s sizes (its pointers are not read; host
+/// arithmetic only, no CUDA call).
+pub fn workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
+    let mut bytes = 0usize;
+    // SAFETY: the launcher reads only the size fields of `varlen` and writes `bytes`.
+    let code = unsafe { sys::msa_indexer_workspace_bytes(varlen, &mut bytes) };
+    KernelError::check("msa_indexer_workspace_bytes", code)?;
+    Ok(bytes)
+}
+
+/// `topk` (i32 `[4, T, 16]`) and `lse` (f32 `[4, T]`) of `qi` (bf16 `[T, 4, 128]`) against `ki`
+/// (bf16 `[Tk, 1, 128]`), every element written.
+///
+/// # Safety
+/// Every address must be a 16-byte-aligned device allocation of the documented size in the
+/// current context, `varlen` must describe live device arrays of one layout, `workspace` must hold
+/// `workspace_bytes` (at least [`workspace_bytes`]) and be 256-byte aligned, and `stream` must
+/// belong to that context (or be null).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn forward(
+    qi: DevicePtr,
+    ki: DevicePtr,
+    varlen: sys::MsaVarlen,
+    topk: DevicePtr,
+    lse: DevicePtr,
+    workspace: DevicePtr,
+    workspace_bytes: usize,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    KernelError::check(
+        "msa_indexer_forward",
+        sys::msa_indexer_forward(
+            qi as *const u16,
+            ki as *const u16,
+            varlen,
+            topk as *mut i32,
+            lse as *mut f32,
+            workspace as *mut std::ffi::c_void,
+            workspace_bytes,
+            stream,
+        ),
+    )
+}

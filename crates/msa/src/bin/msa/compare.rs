@@ -1,0 +1,73 @@
+//! `msa compare`: two outputs files (say `--backend cuda` against `--backend cpu`) under MSA's
+//! tolerances.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args as ClapArgs;
+use msa::check::{compare, CheckLine, CheckReport, Tolerances};
+use msa::io::read_outputs;
+use msa::Result;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// The outputs under test.
+    pub actual: PathBuf,
+    /// The expected outputs (e.g. from `--backend cpu`).
+    pub expected: PathBuf,
+}
+
+fn f32s(x: &[half::bf16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// Rows of `[4, T, 16]` selections that differ as sets.
+fn selection_rows(a: &[i32], e: &[i32]) -> CheckLine {
+    let differ = a
+        .chunks(16)
+        .zip(e.chunks(16))
+        .filter(|(x, y)| {
+            let (mut x, mut y) = (x.to_vec(), y.to_vec());
+            x.sort_unstable();
+            y.sort_unstable();
+            x != y
+        })
+        .count();
+    CheckLine {
+        tensor: "indexer_topk".into(),
+        metric: "rows_differ",
+        value: differ as f64,
+        limit: 0.0,
+        passed: differ == 0 && a.len() == e.len(),
+        detail: format!("{} rows", a.len() / 16),
+    }
+}
+
+pub fn run(a: &Args) -> Result<ExitCode> {
+    let (x, y) = (read_outputs(&a.actual)?, read_outputs(&a.expected)?);
+    let tol = Tolerances::default();
+    let mut r = CheckReport::default();
+    if let (Some(p), Some(q)) = (&x.out, &y.out) {
+        r.push(compare::close("out", &f32s(p), &f32s(q), tol.out_atol, tol.out_rtol));
+    }
+    if let (Some(p), Some(q)) = (&x.lse, &y.lse) {
+        r.push(compare::close("lse", p, q, tol.lse_atol, tol.lse_rtol));
+    }
+    for (name, p, q) in [("dq", &x.dq, &y.dq), ("dk", &x.dk, &y.dk), ("dv", &x.dv, &y.dv), ("dqi", &x.dqi, &y.dqi), ("dki", &x.dki, &y.dki)] {
+        if let (Some(p), Some(q)) = (p, q) {
+            r.push(compare::cosine(name, &f32s(p), &f32s(q), tol.grad_cosine));
+        }
+    }
+    if let (Some(p), Some(q)) = (&x.indexer_topk, &y.indexer_topk) {
+        r.push(selection_rows(p, q));
+    }
+    if let (Some(p), Some(q)) = (&x.indexer_lse, &y.indexer_lse) {
+        r.push(compare::close("indexer_lse", p, q, tol.indexer_lse_atol, tol.indexer_lse_atol));
+    }
+    if r.lines.is_empty() {
+        return Err(msa::MsaError::Invalid("the two files share no output tensor".into()));
+    }
+    println!("{} vs {}: {}", a.actual.display(), a.expected.display(), if r.passed() { "PASS" } else { "FAIL" });
+    print!("{}", r.table());
+    Ok(if r.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

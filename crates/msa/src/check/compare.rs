@@ -1,0 +1,96 @@
+//! Report lines for the comparisons every check makes.
+
+use super::CheckLine;
+
+/// `assert_close` with MSA's semantics: value is the worst |a − e| / (atol + rtol·|e|), so a
+/// value ≤ 1 passes; NaN or a mismatched infinity fails; equal infinities agree.
+pub fn close(tensor: &str, actual: &[f32], expected: &[f32], atol: f64, rtol: f64) -> CheckLine {
+    assert_eq!(actual.len(), expected.len(), "{tensor}: compared slices differ in length");
+    let (mut worst, mut worst_i, mut bad, mut max_abs) = (0f64, 0usize, 0usize, 0f64);
+    for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
+        let (a, e) = (a as f64, e as f64);
+        let ratio = if a == e {
+            0.0
+        } else if !a.is_finite() || !e.is_finite() {
+            f64::INFINITY
+        } else {
+            max_abs = max_abs.max((a - e).abs());
+            (a - e).abs() / (atol + rtol * e.abs())
+        };
+        if ratio > 1.0 {
+            bad += 1;
+        }
+        if ratio > worst || ratio.is_nan() {
+            worst = if ratio.is_nan() { f64::INFINITY } else { ratio };
+            worst_i = i;
+        }
+    }
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "close_ratio",
+        value: worst,
+        limit: 1.0,
+        passed: bad == 0,
+        detail: format!(
+            "max_abs {max_abs:.3e}, atol {atol:.0e} rtol {rtol:.0e}, {bad} of {} over, worst at {worst_i}",
+            actual.len()
+        ),
+    }
+}
+
+/// Flattened cosine similarity in f64; any non-finite element fails.
+pub fn cosine(tensor: &str, actual: &[f32], expected: &[f32], min: f64) -> CheckLine {
+    assert_eq!(actual.len(), expected.len(), "{tensor}: compared slices differ in length");
+    let nonfinite = actual.iter().filter(|x| !x.is_finite()).count();
+    let c = msa_ref::compare::cosine(actual, expected);
+    let l2 = msa_ref::compare::l2_rel(actual, expected);
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "cosine",
+        value: c,
+        limit: min,
+        passed: nonfinite == 0 && c > min,
+        detail: format!("l2_rel {l2:.3e}, {nonfinite} non-finite, n {}", actual.len()),
+    }
+}
+
+/// Exact equality of integer tensors (metadata, selections).
+pub fn exact(tensor: &str, actual: &[i32], expected: &[i32]) -> CheckLine {
+    let mismatches = actual.iter().zip(expected).filter(|(a, e)| a != e).count()
+        + actual.len().abs_diff(expected.len());
+    let first = actual.iter().zip(expected).position(|(a, e)| a != e);
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "mismatches",
+        value: mismatches as f64,
+        limit: 0.0,
+        passed: mismatches == 0,
+        detail: first.map_or(String::new(), |i| format!("first at {i}: {} vs {}", actual[i], expected[i])),
+    }
+}
+
+/// Bitwise equality of two runs (deterministic mode).
+pub fn bitwise(tensor: &str, first: &[u16], second: &[u16]) -> CheckLine {
+    let diff = first.iter().zip(second).filter(|(a, b)| a != b).count() + first.len().abs_diff(second.len());
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "bitwise_diff",
+        value: diff as f64,
+        limit: 0.0,
+        passed: diff == 0,
+        detail: format!("n {}", first.len()),
+    }
+}
+
+/// Elements that must be exactly zero (keys nobody selected) but are not.
+pub fn zeros(tensor: &str, values: &[f32], must_be_zero: impl Fn(usize) -> bool) -> CheckLine {
+    let bad = values.iter().enumerate().filter(|(i, v)| must_be_zero(*i) && **v != 0.0).count();
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "nonzero_unselected",
+        value: bad as f64,
+        limit: 0.0,
+        passed: bad == 0,
+        detail: String::new(),
+    }
+}

@@ -1,0 +1,110 @@
+//! A backend's outputs against the independent f64 [`oracle`](super::oracle) on a few queries
+//! and keys: the check of the CPU backend itself (`msa run --backend cpu`).
+
+use std::collections::HashMap;
+
+use msa_plan::topology::{HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS};
+use rayon::prelude::*;
+
+use super::oracle::Problem;
+use super::sample::{gather_rows, Sample};
+use super::{compare, structure, CheckReport, Tolerances};
+use crate::io::{AttentionFile, Outputs};
+
+/// Keys attended by more queries than this are skipped (their f64 gradient is costly).
+const MAX_QUERIES_PER_KEY: usize = 48;
+/// Key rows checked per sampled key range.
+const KEYS_PER_RANGE: usize = 3;
+
+fn f32s(x: impl IntoIterator<Item = f64>) -> Vec<f32> {
+    x.into_iter().map(|v| v as f32).collect()
+}
+
+/// Spot checks of `got` on the sample's queries and on up to `keys_per_group` key rows of each
+/// group.
+pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &Tolerances, loss_coeff: f32) -> CheckReport {
+    let l = &p.layout;
+    let t = l.total_q();
+    let prob = &Problem {
+        layout: l,
+        q: &p.q,
+        k: &p.k,
+        v: &p.v,
+        topk: &p.topk_indices,
+        dout: p.dout.as_deref(),
+        index: p.index.as_ref().map(|i| (&i.qi[..], &i.ki[..])),
+    };
+    let qs = &sample.queries;
+    let mut r = CheckReport::default();
+    if let (Some(out), Some(lse)) = (&got.out, &got.lse) {
+        let rows: Vec<(Vec<f64>, f64)> =
+            qs.par_iter().flat_map_iter(|&q| (0..NUM_Q_HEADS).map(move |h| prob.attention_row(q, h))).collect();
+        let o: Vec<f32> = rows.iter().flat_map(|(row, _)| f32s(row.iter().copied())).collect();
+        let s: Vec<f32> = rows.iter().map(|(_, l)| *l as f32).collect();
+        r.push(compare::close("out", &gather_rows(out, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()), &o, tol.out_atol, tol.out_rtol));
+        r.push(compare::close("lse", &gather_rows(lse, NUM_Q_HEADS, qs.iter().copied()), &s, tol.lse_atol, tol.lse_rtol));
+    }
+    if let (Some(dq), Some(dk), Some(dv)) = (&got.dq, &got.dk, &got.dv) {
+        let want: Vec<f32> =
+            qs.par_iter().flat_map_iter(|&q| (0..NUM_Q_HEADS).flat_map(move |h| f32s(prob.dq_row(q, h)))).collect();
+        r.push(compare::cosine("dq", &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()), &want, tol.grad_cosine));
+        let (mut gk, mut gv, mut wk, mut wv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut stats = HashMap::new();
+        for (g, rows) in &sample.keys {
+            let step = (rows.len() / KEYS_PER_RANGE).max(1);
+            for row in rows.clone().step_by(step) {
+                let queries = prob.key_queries(*g, row);
+                if queries.len() > MAX_QUERIES_PER_KEY {
+                    continue;
+                }
+                let (a, b) = prob.dkv_row(*g, row, &queries, |t, h| *stats.entry((t, h)).or_insert_with(|| prob.row_stats(t, h)));
+                let at = (row * NUM_KV_HEADS + g) * HEAD_DIM;
+                gk.extend(dk[at..at + HEAD_DIM].iter().map(|x| x.to_f32()));
+                gv.extend(dv[at..at + HEAD_DIM].iter().map(|x| x.to_f32()));
+                wk.extend(f32s(a));
+                wv.extend(f32s(b));
+            }
+        }
+        r.push(compare::cosine("dk", &gk, &wk, tol.grad_cosine));
+        r.push(compare::cosine("dv", &gv, &wv, tol.grad_cosine));
+    }
+    if let (Some(itopk), Some(ilse)) = (&got.indexer_topk, &got.indexer_lse) {
+        r.push(structure::indexer_selection(l, itopk));
+        let mut worst_gap = f64::NEG_INFINITY;
+        let (mut gl, mut wl) = (Vec::new(), Vec::new());
+        for &q in qs {
+            for g in 0..NUM_INDEX_HEADS {
+                let scores = prob.index_block_scores(q, g);
+                let local = scores.len() - 1;
+                let mut nonlocal = scores[..local].to_vec();
+                nonlocal.sort_by(|a, b| b.total_cmp(a));
+                if let Some(&kth) = nonlocal.get(nonlocal.len().min(15).saturating_sub(1)) {
+                    for &e in &itopk[(g * t + q) * 16..][..16] {
+                        if e >= 0 && (e as usize) < local {
+                            worst_gap = worst_gap.max(kth - scores[e as usize]);
+                        }
+                    }
+                }
+                gl.push(ilse[g * t + q]);
+                wl.push(prob.index_selection_lse(itopk, q, g) as f32);
+            }
+        }
+        r.push(super::CheckLine {
+            tensor: "indexer_topk".into(),
+            metric: "rank_shortfall",
+            value: worst_gap.max(0.0),
+            limit: tol.indexer_rank_slack,
+            passed: worst_gap <= tol.indexer_rank_slack,
+            detail: "15th-best score minus the worst selected non-local score".into(),
+        });
+        r.push(compare::close("indexer_lse", &gl, &wl, tol.indexer_lse_atol, tol.indexer_lse_atol));
+    }
+    if let Some(dqi) = &got.dqi {
+        let want: Vec<f32> = qs
+            .par_iter()
+            .flat_map_iter(|&q| (0..NUM_INDEX_HEADS).flat_map(move |g| f32s(prob.kl_dqi_row(q, g, loss_coeff as f64))))
+            .collect();
+        r.push(compare::cosine("dqi", &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()), &want, tol.grad_cosine));
+    }
+    r
+}

@@ -1,0 +1,91 @@
+//! Sparse attention forward on device buffers: shape checks, then `msa_attn_forward`.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use half::bf16;
+use msa_plan::topology::{HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS};
+
+use super::{CudaMsa, DeviceLayout};
+use crate::error::{check_len, Result};
+
+/// Checks a device buffer against `expected` elements; [`CudaMsa`] allocates at least one
+/// element, so an empty tensor arrives as a 1-element buffer.
+pub(crate) fn check_buf(
+    name: &'static str,
+    got: usize,
+    expected: usize,
+    shape: &str,
+) -> Result<()> {
+    if expected == 0 && got == 1 {
+        return Ok(());
+    }
+    check_len(name, got, expected, shape)
+}
+
+/// The forward's inputs: q `[T, 64, 128]`, k and v `[Tk, 4, 128]` (bf16), and the validated
+/// top-k `[4, T, 16]` (i32; `prepare` rejects invalid selections before any launch, and the
+/// kernel trusts it).
+pub(crate) struct ForwardInputs<'a> {
+    pub q: &'a CudaSlice<bf16>,
+    pub k: &'a CudaSlice<bf16>,
+    pub v: &'a CudaSlice<bf16>,
+    pub topk: &'a CudaSlice<i32>,
+}
+
+/// Enqueues the forward: `out` `[T, 64, 128]` bf16 and `lse` `[T, 64]` f32 (natural log; an
+/// empty selection gives out = 0, lse = -inf). Every element of both is written.
+pub(crate) fn launch_forward(
+    msa: &CudaMsa,
+    layout: &DeviceLayout,
+    inputs: &ForwardInputs<'_>,
+    out: &mut CudaSlice<bf16>,
+    lse: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let h = layout.host();
+    let (t, tk) = (h.total_q(), h.total_k());
+    check_buf(
+        "q",
+        inputs.q.len(),
+        t * NUM_Q_HEADS * HEAD_DIM,
+        "[T, 64, 128] bf16",
+    )?;
+    check_buf(
+        "k",
+        inputs.k.len(),
+        tk * NUM_KV_HEADS * HEAD_DIM,
+        "[Tk, 4, 128] bf16",
+    )?;
+    check_buf(
+        "v",
+        inputs.v.len(),
+        tk * NUM_KV_HEADS * HEAD_DIM,
+        "[Tk, 4, 128] bf16",
+    )?;
+    check_buf(
+        "topk_indices",
+        inputs.topk.len(),
+        NUM_KV_HEADS * t * TOPK_BLOCKS,
+        "[4, T, 16] i32",
+    )?;
+    check_buf(
+        "out",
+        out.len(),
+        t * NUM_Q_HEADS * HEAD_DIM,
+        "[T, 64, 128] bf16",
+    )?;
+    check_buf("lse", lse.len(), t * NUM_Q_HEADS, "[T, 64] f32")?;
+
+    let s = msa.stream();
+    let varlen = layout.varlen(msa);
+    let (q, _gq) = inputs.q.device_ptr(s);
+    let (k, _gk) = inputs.k.device_ptr(s);
+    let (v, _gv) = inputs.v.device_ptr(s);
+    let (topk, _gt) = inputs.topk.device_ptr(s);
+    let (out, _go) = out.device_ptr_mut(s);
+    let (lse, _gl) = lse.device_ptr_mut(s);
+    // SAFETY: every buffer is a live allocation of this context with the length checked above,
+    // `varlen` points into `layout`'s live arrays, and the stream is the context's.
+    unsafe {
+        msa_kernels::launch::attention::forward(q, k, v, topk, varlen, out, lse, msa.raw_stream())?
+    };
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! The lightning indexer forward on device buffers: shape checks, then `msa_indexer_forward`.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use half::bf16;
+use msa_kernels::launch;
+use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS, TOPK_BLOCKS};
+
+use super::attention_fwd::check_buf;
+use super::{CudaMsa, DeviceLayout};
+use crate::error::Result;
+
+impl CudaMsa {
+    /// The indexer forward (contract §3.1) of `qi` `[T, 4, 128]` against the shared index keys
+    /// `ki` `[Tk, 1, 128]` (bf16): `(topk, lse)` with `topk` `[4, T, 16]` i32 (per head and
+    /// query the top min(15, p/128) non-local blocks by (score desc, id asc), then the local block,
+    /// then -1) and `lse` `[4, T]` f32 (natural-log LSE of `qi·ki/√128` over the selected visible
+    /// keys). Deterministic: repeated calls are bitwise equal.
+    pub fn indexer_forward(
+        &self,
+        layout: &DeviceLayout,
+        qi: &CudaSlice<bf16>,
+        ki: &CudaSlice<bf16>,
+    ) -> Result<(CudaSlice<i32>, CudaSlice<f32>)> {
+        let h = layout.host();
+        let (t, tk) = (h.total_q(), h.total_k());
+        check_buf(
+            "qi",
+            qi.len(),
+            t * NUM_INDEX_HEADS * INDEX_DIM,
+            "[T, 4, 128] bf16",
+        )?;
+        check_buf("ki", ki.len(), tk * INDEX_DIM, "[Tk, 1, 128] bf16")?;
+        let mut topk = self.output::<i32>(NUM_INDEX_HEADS * t * TOPK_BLOCKS)?;
+        let mut lse = self.output::<f32>(NUM_INDEX_HEADS * t)?;
+
+        let varlen = layout.varlen(self);
+        let bytes = launch::indexer::workspace_bytes(varlen)?;
+        // SAFETY: scratch; the kernels write every word they read.
+        let workspace = unsafe { self.stream().alloc::<u8>(bytes.max(1))? };
+        let s = self.stream();
+        {
+            let (qi, _gq) = qi.device_ptr(s);
+            let (ki, _gk) = ki.device_ptr(s);
+            let (ws, _gw) = workspace.device_ptr(s);
+            let (topk, _gt) = topk.device_ptr_mut(s);
+            let (lse, _gl) = lse.device_ptr_mut(s);
+            // SAFETY: qi, ki, topk and lse have the lengths checked or allocated above, the
+            // workspace holds `bytes` (cudarc allocations are 256-byte aligned), `varlen` points
+            // into `layout`'s live arrays and the stream is the context's. Dropping the
+            // workspace after the launch is safe: cudarc frees in stream order.
+            unsafe {
+                launch::indexer::forward(qi, ki, varlen, topk, lse, ws, bytes, self.raw_stream())?
+            };
+        }
+        Ok((topk, lse))
+    }
+}

@@ -1,0 +1,103 @@
+//! The backward's memory-bound stages around the main kernel (docs/design.md "Backward" steps 1
+//! and 4): the delta preprocess and the bf16 casts of the fp32 accumulators. Each checks its
+//! buffer sizes against the layout and enqueues one kernel; the backward orchestration calls
+//! them, and the GPU suite checks them on their own.
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use msa_kernels::launch;
+use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
+
+use super::{dptr, CudaMsa, DeviceLayout};
+use crate::error::{check_len, Result};
+
+impl CudaMsa {
+    /// `delta[t, h] = Σ_d out[t, h, d]·dout[t, h, d]` in fp32 (`out`, `dout` bf16 `[T, 64, 128]`,
+    /// `delta` f32 `[T, 64]`).
+    pub fn backward_delta_into(
+        &self,
+        layout: &DeviceLayout,
+        out: &CudaSlice<bf16>,
+        dout: &CudaSlice<bf16>,
+        delta: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let t = layout.host().total_q();
+        check_len("out", out.len(), t * NUM_Q_HEADS * HEAD_DIM, "[T, 64, 128]")?;
+        check_len(
+            "dout",
+            dout.len(),
+            t * NUM_Q_HEADS * HEAD_DIM,
+            "[T, 64, 128]",
+        )?;
+        check_len("delta", delta.len(), t * NUM_Q_HEADS, "[T, 64]")?;
+        let s = self.stream();
+        // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
+        unsafe {
+            launch::pre_post::delta(
+                dptr(out, s),
+                dptr(dout, s),
+                t as i32,
+                dptr(delta, s),
+                self.raw_stream(),
+            )?
+        };
+        Ok(())
+    }
+
+    /// `dq = bf16(dq_accum)` (round to nearest even), both `[T, 64, 128]`.
+    pub fn backward_postprocess_dq_into(
+        &self,
+        layout: &DeviceLayout,
+        dq_accum: &CudaSlice<f32>,
+        dq: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        let n = layout.host().total_q() * NUM_Q_HEADS * HEAD_DIM;
+        check_len("dq_accum", dq_accum.len(), n, "[T, 64, 128]")?;
+        check_len("dq", dq.len(), n, "[T, 64, 128]")?;
+        let s = self.stream();
+        // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
+        unsafe {
+            launch::pre_post::dq(
+                dptr(dq_accum, s),
+                layout.host().total_q() as i32,
+                dptr(dq, s),
+                self.raw_stream(),
+            )?
+        };
+        Ok(())
+    }
+
+    /// `dk, dv = bf16(pool)` (round to nearest even) gathered from the workspace pools
+    /// (`[W, 4, 128]` f32, W = padded_kv_blocks·128) to the packed key rows (`[Tk, 4, 128]`).
+    pub fn backward_postprocess_dkv_into(
+        &self,
+        layout: &DeviceLayout,
+        dk_pool: &CudaSlice<f32>,
+        dv_pool: &CudaSlice<f32>,
+        dk: &mut CudaSlice<bf16>,
+        dv: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        let host = layout.host();
+        let row = NUM_KV_HEADS * HEAD_DIM;
+        let pool = host.padded_kv_blocks() * BLOCK_SIZE * row;
+        let grad = host.total_k() * row;
+        check_len("dk_pool", dk_pool.len(), pool, "[W, 4, 128]")?;
+        check_len("dv_pool", dv_pool.len(), pool, "[W, 4, 128]")?;
+        check_len("dk", dk.len(), grad, "[Tk, 4, 128]")?;
+        check_len("dv", dv.len(), grad, "[Tk, 4, 128]")?;
+        let s = self.stream();
+        // SAFETY: sizes checked above; the layout's block tables are device arrays of
+        // padded_kv_blocks entries (the launcher rejects misaligned pointers).
+        unsafe {
+            launch::pre_post::dkv(
+                dptr(dk_pool, s),
+                dptr(dv_pool, s),
+                layout.varlen(self),
+                dptr(dk, s),
+                dptr(dv, s),
+                self.raw_stream(),
+            )?
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,65 @@
+/* Prepare family: the device-built metadata of one top-k selection (docs/design.md "Device data
+ * of one call"; contract §4.1-§4.3). One launcher enqueues the whole pipeline on a stream with no
+ * host synchronization, so it can be captured in a CUDA graph; every output equals the host
+ * planner's table word for word (msa_plan::topk, csr, schedule), which the GPU suite checks.
+ *
+ * Construction is deterministic: counts use commutative atomics only, every order comes from a
+ * stable radix sort of the edges in (head, query, slot) order, and the first fault of the top-k
+ * validation is an atomicMin over linear indices. Nothing depends on atomic ordering. */
+#ifndef MSA_PREPARE_H
+#define MSA_PREPARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msa/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Output tensors of msa_prepare_metadata (int32, row-major). T = varlen.total_q,
+ * R = varlen.total_rows, P = varlen.padded_kv_blocks, B = varlen.batch, cap = work_capacity.
+ * Every element is written by the launcher (no pre-fill needed). */
+typedef struct MsaPrepareOutputs {
+    int32_t* error_word;         /* [4]: (code, head, query, slot) of the first invalid top-k
+                                    entry (smallest (head*T + query)*16 + slot), zeros if valid;
+                                    codes as msa_plan::topk (1 negative, 2 >= num_blocks,
+                                    3 after the own block, 4 repeat of an earlier slot) */
+    int32_t* row_ptr;            /* [4, R + 1]: k2q CSR offsets per head (level-major rows) */
+    int32_t* q_indices;          /* [4, T * 16]: fragment-local queries, ascending per row, -1 tail */
+    int32_t* qsplit;             /* [4, T * 16]: q_local | writer_rank << 24, -1 tail */
+    int32_t* split_counts;       /* [T, 4]: entries 0 <= e < num_blocks per (query, head) */
+    int32_t* scheduler_metadata; /* [cap, 6]: (head, row, q_begin, q_count, fragment, level) in
+                                    the order head, row, chunk; rows past the items are 0 */
+    int32_t* work_count;         /* [1]: number of work items */
+    int32_t* phys_row_ptr;       /* [4, P + 1]: physical CSR offsets per head */
+    int32_t* phys_q_indices;     /* [4, T * 16]: packed queries, ascending per block, -1 tail */
+    int32_t* phys_valid;         /* [4, T * 16]: visible_keys | writer_rank << 8, -1 tail */
+    int32_t* document_workspace_starts; /* [B]: workspace row of each fragment's document */
+    int32_t* query_offsets;      /* [B]: k_len - q_len of each fragment */
+} MsaPrepareOutputs;
+
+/* Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of
+ * varlen are read): CUB temporary storage plus the sort and count arrays. Host-only, but CUB
+ * asks the runtime for the current device's properties, so a context must be current.
+ * Writes *bytes; returns a cudaError_t code. */
+int msa_prepare_workspace_bytes(MsaVarlen varlen, size_t* bytes);
+
+/* Validates topk [4, T, 16] and builds every MsaPrepareOutputs tensor from it.
+ * target_q_per_cta: chunk size of the work list, a positive multiple of 8
+ * (msa_plan::schedule::balanced_target_q_per_cta); work_capacity: rows of scheduler_metadata
+ * (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what
+ * msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are
+ * scratch. Invalid entries never index out of bounds: CSR edges are the entries with
+ * 0 <= e < num_blocks, as msa_plan::csr. Enqueues 3 memsets, 9 kernels and 4 CUB calls on
+ * stream; never synchronizes. Returns a cudaError_t code. */
+int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen, int32_t target_q_per_cta,
+                         int32_t work_capacity, MsaPrepareOutputs out, void* workspace,
+                         size_t workspace_bytes, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MSA_PREPARE_H */
