@@ -79,9 +79,9 @@ pub fn against_reference(
                 .flat_map(|(g, rows)| rows.clone().flat_map(move |row| x[row * KV_ROW + g * HEAD_DIM..][..HEAD_DIM].iter().map(|v| v.to_f32())))
                 .collect()
         };
-        r.push(compare::cosine("dq", &gather_rows(dq, Q_ROW, qs.iter().copied()), &ref_dq, tol.grad_cosine));
-        r.push(compare::cosine("dk", &got_keys(dk), &ref_dk, tol.grad_cosine));
-        r.push(compare::cosine("dv", &got_keys(dv), &ref_dv, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine("dq", &gather_rows(dq, Q_ROW, qs.iter().copied()), &ref_dq, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine("dk", &got_keys(dk), &ref_dk, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine("dv", &got_keys(dv), &ref_dv, tol.grad_cosine));
     }
 
     if let (Some(index), Some(itopk), Some(ilse)) = (&p.index, &got.indexer_topk, &got.indexer_lse) {

@@ -47,7 +47,7 @@ pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &T
     if let (Some(dq), Some(dk), Some(dv)) = (&got.dq, &got.dk, &got.dv) {
         let want: Vec<f32> =
             qs.par_iter().flat_map_iter(|&q| (0..NUM_Q_HEADS).flat_map(move |h| f32s(prob.dq_row(q, h)))).collect();
-        r.push(compare::cosine("dq", &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()), &want, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine("dq", &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()), &want, tol.grad_cosine));
         let (mut gk, mut gv, mut wk, mut wv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut stats = HashMap::new();
         for (g, rows) in &sample.keys {
@@ -65,8 +65,8 @@ pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &T
                 wv.extend(f32s(b));
             }
         }
-        r.push(compare::cosine("dk", &gk, &wk, tol.grad_cosine));
-        r.push(compare::cosine("dv", &gv, &wv, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine("dk", &gk, &wk, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine("dv", &gv, &wv, tol.grad_cosine));
     }
     if let (Some(itopk), Some(ilse)) = (&got.indexer_topk, &got.indexer_lse) {
         r.push(structure::indexer_selection(l, itopk));

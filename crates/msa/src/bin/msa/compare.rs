@@ -53,7 +53,12 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     if let (Some(p), Some(q)) = (&x.lse, &y.lse) {
         r.push(compare::close("lse", p, q, tol.lse_atol, tol.lse_rtol));
     }
-    for (name, p, q) in [("dq", &x.dq, &y.dq), ("dk", &x.dk, &y.dk), ("dv", &x.dv, &y.dv), ("dqi", &x.dqi, &y.dqi), ("dki", &x.dki, &y.dki)] {
+    for (name, p, q) in [("dq", &x.dq, &y.dq), ("dk", &x.dk, &y.dk), ("dv", &x.dv, &y.dv)] {
+        if let (Some(p), Some(q)) = (p, q) {
+            r.push(compare::attention_grad_cosine(name, &f32s(p), &f32s(q), tol.grad_cosine));
+        }
+    }
+    for (name, p, q) in [("dqi", &x.dqi, &y.dqi), ("dki", &x.dki, &y.dki)] {
         if let (Some(p), Some(q)) = (p, q) {
             r.push(compare::cosine(name, &f32s(p), &f32s(q), tol.grad_cosine));
         }
