@@ -22,7 +22,10 @@ const FULL_CHECK_MAX_ELEMENTS: u64 = 1_000_000;
 
 fn full_check(name: &str, cuda: &Backend, p: &AttentionFile, opts: &RunOptions) -> CheckReport {
     let result = cuda.run(p, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let kl = result.kl_indexer_lse.as_deref().map(|l| (l, opts.loss_coeff));
+    let kl = result
+        .kl_indexer_lse
+        .as_deref()
+        .map(|l| (l, opts.loss_coeff));
     let sample = if msa_plan::sparse_elements(&p.layout) <= FULL_CHECK_MAX_ELEMENTS {
         Sample::full(&p.layout)
     } else {
@@ -41,14 +44,28 @@ fn attention_matches_the_reference_on_edge_layouts() {
     for (i, group) in harness::edge_selection_groups().enumerate() {
         for (s, (sel_name, topk)) in group.selections.into_iter().enumerate() {
             for deterministic in [false, true].into_iter().filter(|&d| !d || s < 3) {
-                let opts = RunOptions { deterministic, indexer: true, kl: true, ..RunOptions::default() };
+                let opts = RunOptions {
+                    deterministic,
+                    indexer: true,
+                    kl: true,
+                    ..RunOptions::default()
+                };
                 let p = case(&group.layout, topk.clone(), 0xA77E + i as u64);
-                let name = format!("{}/{sel_name}/{}", group.name, if deterministic { "det" } else { "atomic" });
+                let name = format!(
+                    "{}/{sel_name}/{}",
+                    group.name,
+                    if deterministic { "det" } else { "atomic" }
+                );
                 let report = full_check(&name, &cuda, &p, &opts);
                 if !report.passed() {
                     failed.push(name.clone());
                 }
-                harness::record_soft("attention_edge", &name, &report, serde_json::json!({"T": p.layout.total_q()}));
+                harness::record_soft(
+                    "attention_edge",
+                    &name,
+                    &report,
+                    serde_json::json!({"T": p.layout.total_q()}),
+                );
             }
         }
     }
@@ -73,9 +90,23 @@ fn empty_selections_give_zero_output_and_minus_infinity() {
     let mut report = full_check("empty", &cuda, &p, &opts);
     let out = cuda.run(&p, &opts).unwrap().outputs;
     let lse = out.lse.unwrap();
-    let empty_rows: Vec<f32> = (0..t).step_by(3).flat_map(|q| lse[q * 64..q * 64 + 16].to_vec()).collect();
-    report.push(compare::close("lse_empty", &empty_rows, &vec![f32::NEG_INFINITY; empty_rows.len()], 0.0, 0.0));
-    harness::record("attention_empty", "docs 300+400, every 3rd query of group 0 empty", &report, serde_json::json!({}));
+    let empty_rows: Vec<f32> = (0..t)
+        .step_by(3)
+        .flat_map(|q| lse[q * 64..q * 64 + 16].to_vec())
+        .collect();
+    report.push(compare::close(
+        "lse_empty",
+        &empty_rows,
+        &vec![f32::NEG_INFINITY; empty_rows.len()],
+        0.0,
+        0.0,
+    ));
+    harness::record(
+        "attention_empty",
+        "docs 300+400, every 3rd query of group 0 empty",
+        &report,
+        serde_json::json!({}),
+    );
 }
 
 fn bits(x: &[bf16]) -> Vec<u16> {
@@ -89,12 +120,33 @@ fn deterministic_runs_are_bitwise_equal() {
     let cuda = Backend::Cuda(harness::open_device());
     let listed = msa::cases::manifest(msa_workloads::DEV_MANIFEST.as_ref()).unwrap();
     for (case_id, rank) in [(434u64, 3usize), (605, 7), (151, 11)] {
-        for pattern in [msa_workloads::Pattern::Recent16, msa_workloads::Pattern::B0p99] {
-            let p = msa::cases::build(&msa::cases::rank_case(&listed, case_id, rank).unwrap(), pattern, 1);
-            let det = RunOptions { deterministic: true, indexer: true, kl: true, ..RunOptions::default() };
+        for pattern in [
+            msa_workloads::Pattern::Recent16,
+            msa_workloads::Pattern::B0p99,
+        ] {
+            let p = msa::cases::build(
+                &msa::cases::rank_case(&listed, case_id, rank).unwrap(),
+                pattern,
+                1,
+            );
+            let det = RunOptions {
+                deterministic: true,
+                indexer: true,
+                kl: true,
+                ..RunOptions::default()
+            };
             let a = cuda.run(&p, &det).unwrap().outputs;
             let b = cuda.run(&p, &det).unwrap().outputs;
-            let atomic = cuda.run(&p, &RunOptions { deterministic: false, ..det }).unwrap().outputs;
+            let atomic = cuda
+                .run(
+                    &p,
+                    &RunOptions {
+                        deterministic: false,
+                        ..det
+                    },
+                )
+                .unwrap()
+                .outputs;
             let mut r = CheckReport::default();
             for (name, x, y) in [
                 ("out", &a.out, &b.out),
@@ -104,16 +156,45 @@ fn deterministic_runs_are_bitwise_equal() {
                 ("dqi", &a.dqi, &b.dqi),
                 ("dki", &a.dki, &b.dki),
             ] {
-                r.push(compare::bitwise(name, &bits(x.as_ref().unwrap()), &bits(y.as_ref().unwrap())));
+                r.push(compare::bitwise(
+                    name,
+                    &bits(x.as_ref().unwrap()),
+                    &bits(y.as_ref().unwrap()),
+                ));
             }
-            let lse_bits = |x: &Option<Vec<f32>>| -> Vec<u16> { x.as_ref().unwrap().iter().flat_map(|v| [(v.to_bits() >> 16) as u16, v.to_bits() as u16]).collect() };
-            r.push(compare::bitwise("lse", &lse_bits(&a.lse), &lse_bits(&b.lse)));
-            r.push(compare::bitwise("indexer_lse", &lse_bits(&a.indexer_lse), &lse_bits(&b.indexer_lse)));
-            let f = |x: &Option<Vec<bf16>>| -> Vec<f32> { x.as_ref().unwrap().iter().map(|v| v.to_f32()).collect() };
-            for (name, x, y) in [("dq_atomic", &atomic.dq, &a.dq), ("dk_atomic", &atomic.dk, &a.dk), ("dv_atomic", &atomic.dv, &a.dv)] {
+            let lse_bits = |x: &Option<Vec<f32>>| -> Vec<u16> {
+                x.as_ref()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|v| [(v.to_bits() >> 16) as u16, v.to_bits() as u16])
+                    .collect()
+            };
+            r.push(compare::bitwise(
+                "lse",
+                &lse_bits(&a.lse),
+                &lse_bits(&b.lse),
+            ));
+            r.push(compare::bitwise(
+                "indexer_lse",
+                &lse_bits(&a.indexer_lse),
+                &lse_bits(&b.indexer_lse),
+            ));
+            let f = |x: &Option<Vec<bf16>>| -> Vec<f32> {
+                x.as_ref().unwrap().iter().map(|v| v.to_f32()).collect()
+            };
+            for (name, x, y) in [
+                ("dq_atomic", &atomic.dq, &a.dq),
+                ("dk_atomic", &atomic.dk, &a.dk),
+                ("dv_atomic", &atomic.dv, &a.dv),
+            ] {
                 r.push(compare::cosine(name, &f(x), &f(y), 0.9999));
             }
-            harness::record("determinism", &format!("case{case_id}/r{rank}/{pattern}"), &r, serde_json::json!({}));
+            harness::record(
+                "determinism",
+                &format!("case{case_id}/r{rank}/{pattern}"),
+                &r,
+                serde_json::json!({}),
+            );
         }
     }
 }
@@ -124,13 +205,24 @@ fn deterministic_runs_are_bitwise_equal() {
 #[test]
 fn sanitizer_small() {
     let cuda = Backend::Cuda(harness::open_device());
-    let layout = VarlenLayout::new(&[0, 60, 200, 333], &[0, 300, 440, 573], Some(&[0, 0, 2])).unwrap();
+    let layout =
+        VarlenLayout::new(&[0, 60, 200, 333], &[0, 300, 440, 573], Some(&[0, 0, 2])).unwrap();
     let topk = msa_plan::testing::random_topk(&layout, 9);
     let p = case(&layout, topk, 11);
     let mut r = CheckReport::default();
     for deterministic in [false, true] {
-        let opts = RunOptions { deterministic, indexer: true, kl: true, ..RunOptions::default() };
+        let opts = RunOptions {
+            deterministic,
+            indexer: true,
+            kl: true,
+            ..RunOptions::default()
+        };
         r.extend(full_check("sanitizer_small", &cuda, &p, &opts));
     }
-    harness::record("sanitizer_small", "cp fragments, random selection", &r, serde_json::json!({}));
+    harness::record(
+        "sanitizer_small",
+        "cp fragments, random selection",
+        &r,
+        serde_json::json!({}),
+    );
 }

@@ -21,7 +21,11 @@ pub fn device() -> &'static CudaMsa {
 /// the test) when any line failed.
 pub fn record(test: &str, case: &str, report: &CheckReport, extra: serde_json::Value) {
     record_soft(test, case, report, extra);
-    assert!(report.passed(), "[{test}] {case}: check failed\n{}", report.table());
+    assert!(
+        report.passed(),
+        "[{test}] {case}: check failed\n{}",
+        report.table()
+    );
 }
 
 /// Like [`record`] but never panics: sweeps record every case, then assert once.
@@ -38,7 +42,11 @@ pub fn record_soft(test: &str, case: &str, report: &CheckReport, extra: serde_js
             "extra": extra,
         });
         let path = std::path::Path::new(&dir).join("gpu-results.jsonl");
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("results file");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("results file");
         writeln!(f, "{line}").expect("write results");
     }
 }
@@ -185,7 +193,9 @@ pub fn edge_selection_groups() -> impl Iterator<Item = SelectionGroup> {
 
 /// A fresh handle on device 0 (same primary context) for APIs that own their `CudaMsa`.
 pub fn open_device() -> CudaMsa {
-    CudaMsa::new(0).expect("device 0").with_poisoned_outputs(true)
+    CudaMsa::new(0)
+        .expect("device 0")
+        .with_poisoned_outputs(true)
 }
 
 /// The GPU indexer's selection for a case's qi/ki (MSA's own flow: indexer → attention).
@@ -195,6 +205,8 @@ pub fn gpu_indexer_selection(p: &msa::io::AttentionFile) -> Vec<i32> {
     let layout = msa::cuda::DeviceLayout::new(d, p.layout.clone()).expect("layout");
     let qi = d.upload(&index.qi).expect("qi");
     let ki = d.upload(&index.ki).expect("ki");
-    let (topk, _lse) = d.indexer_forward(&layout, &qi, &ki).expect("indexer forward");
+    let (topk, _lse) = d
+        .indexer_forward(&layout, &qi, &ki)
+        .expect("indexer forward");
     d.download(&topk).expect("download topk")
 }

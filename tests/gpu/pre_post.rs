@@ -51,7 +51,7 @@ fn layouts() -> Vec<(&'static str, VarlenLayout)> {
 /// become infinities) or a moderate value, alternately.
 fn random_f32(rng: &mut SplitMix64, i: usize) -> f32 {
     let bits = rng.next_u64() as u32;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let nan = bits & 0x7f80_0000 == 0x7f80_0000 && bits & 0x007f_ffff != 0;
         f32::from_bits(if nan { bits & 0xff80_0000 } else { bits })
     } else {

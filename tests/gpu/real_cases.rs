@@ -17,7 +17,9 @@ const SAMPLE_QUERIES: usize = 48;
 const SAMPLE_BLOCKS: usize = 2;
 
 fn range(len: usize) -> std::ops::Range<usize> {
-    let Ok(spec) = std::env::var("MSA_REAL_CASES") else { return 0..len };
+    let Ok(spec) = std::env::var("MSA_REAL_CASES") else {
+        return 0..len;
+    };
     let (a, b) = spec.split_once("..").expect("MSA_REAL_CASES=a..b");
     a.parse().unwrap()..b.parse::<usize>().unwrap().min(len)
 }
@@ -27,7 +29,13 @@ fn real_cases_every_pattern() {
     let cuda = Backend::Cuda(harness::open_device());
     let listed = cases::manifest(DEV_MANIFEST.as_ref()).expect("dev manifest");
     let tol = Tolerances::default();
-    let opts = RunOptions { backward: true, indexer: true, kl: true, deterministic: false, loss_coeff: 1.0 };
+    let opts = RunOptions {
+        backward: true,
+        indexer: true,
+        kl: true,
+        deterministic: false,
+        loss_coeff: 1.0,
+    };
     let mut failures = Vec::new();
     let mut runs = 0;
     for case in &listed[range(listed.len())] {
@@ -43,11 +51,18 @@ fn real_cases_every_pattern() {
                 _ => make_topk(&p.layout, pattern, seed),
             };
             let name = format!("case{}/r{rank}/{pattern}", case.case_id);
-            let result = cuda.run(&p, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let result = cuda
+                .run(&p, &opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             let sample = Sample::new(&p.layout, SAMPLE_QUERIES, SAMPLE_BLOCKS, case.case_id);
             let kl = result.kl_indexer_lse.as_deref().map(|l| (l, 1.0));
-            let report = against_reference(&p, &result.outputs, &sample, &tol, kl).expect("reference");
-            let times: Vec<_> = result.times.iter().map(|t| serde_json::json!({"stage": t.stage, "ms": t.ms})).collect();
+            let report =
+                against_reference(&p, &result.outputs, &sample, &tol, kl).expect("reference");
+            let times: Vec<_> = result
+                .times
+                .iter()
+                .map(|t| serde_json::json!({"stage": t.stage, "ms": t.ms}))
+                .collect();
             if !report.passed() {
                 failures.push(name.clone());
             }
@@ -56,5 +71,9 @@ fn real_cases_every_pattern() {
             harness::record_soft("real_cases", &name, &report, extra);
         }
     }
-    assert!(failures.is_empty(), "{} of {runs} runs failed: {failures:?}", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} runs failed: {failures:?}",
+        failures.len()
+    );
 }

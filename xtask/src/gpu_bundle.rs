@@ -7,7 +7,10 @@ use std::process::{Command, Stdio};
 const MAX_BYTES: u64 = 64 << 20;
 
 /// Committed scripts the bundle carries: the runner (as `run.sh`) and what it calls.
-const SCRIPTS: [(&str, &str); 2] = [("scripts/gpu-run.sh", "run.sh"), ("scripts/torch_inputs.py", "torch_inputs.py")];
+const SCRIPTS: [(&str, &str); 2] = [
+    ("scripts/gpu-run.sh", "run.sh"),
+    ("scripts/torch_inputs.py", "torch_inputs.py"),
+];
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let root = crate::repo_root();

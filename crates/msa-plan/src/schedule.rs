@@ -77,7 +77,7 @@ pub fn build_work_items(
     csr: &K2qCsr,
     target: usize,
 ) -> Result<Vec<WorkItem>> {
-    if target == 0 || target % Q_TOKENS_PER_GROUP != 0 {
+    if target == 0 || !target.is_multiple_of(Q_TOKENS_PER_GROUP) {
         return Err(PlanError::Schedule(format!(
             "target_q_per_cta must be a positive multiple of {Q_TOKENS_PER_GROUP}, got {target}"
         )));
@@ -161,7 +161,7 @@ mod tests {
             for sms in [1, 78, 132, 148] {
                 let target = balanced_target_q_per_cta(t, sms);
                 assert!(
-                    target % 8 == 0 && (8..=4096).contains(&target),
+                    target.is_multiple_of(8) && (8..=4096).contains(&target),
                     "{t} {sms} {target}"
                 );
             }

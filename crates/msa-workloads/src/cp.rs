@@ -155,8 +155,8 @@ pub fn split_pack(case_id: u64, cu_seqlens: &[i32], cfg: &CpConfig) -> Result<Ve
     } = *cfg;
     if cp_size == 0
         || chunk_size == 0
-        || total % chunk_size != 0
-        || (total / chunk_size) % cp_size != 0
+        || !total.is_multiple_of(chunk_size)
+        || !(total / chunk_size).is_multiple_of(cp_size)
     {
         return Err(WorkloadError::Pack(format!(
             "{total} tokens do not split into chunks of {chunk_size} dealt evenly over {cp_size} ranks"

@@ -25,7 +25,13 @@ pub struct RunOptions {
 
 impl Default for RunOptions {
     fn default() -> Self {
-        Self { backward: true, indexer: false, kl: false, deterministic: false, loss_coeff: 1.0 }
+        Self {
+            backward: true,
+            indexer: false,
+            kl: false,
+            deterministic: false,
+            loss_coeff: 1.0,
+        }
     }
 }
 
@@ -45,10 +51,17 @@ pub struct RunResult {
     pub kl_indexer_lse: Option<Vec<f32>>,
 }
 
-pub(crate) fn timed<T>(times: &mut Vec<StageTime>, stage: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn timed<T>(
+    times: &mut Vec<StageTime>,
+    stage: &'static str,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     let t0 = Instant::now();
     let r = f()?;
-    times.push(StageTime { stage, ms: t0.elapsed().as_secs_f64() * 1e3 });
+    times.push(StageTime {
+        stage,
+        ms: t0.elapsed().as_secs_f64() * 1e3,
+    });
     Ok(r)
 }
 
@@ -59,8 +72,15 @@ fn refd(e: msa_ref::RefError) -> MsaError {
 /// The index LSE of the KL backward: logsumexp of qi·ki/√128 over the attention's own token
 /// sets (contract §3.2 consistency requirement), from the CPU reference.
 pub fn kl_indexer_lse(p: &AttentionFile) -> Result<Vec<f32>> {
-    let index = p.index.as_ref().ok_or_else(|| MsaError::Invalid("the KL backward needs qi and ki".into()))?;
-    let ii = indexer::IndexerInputs { layout: &p.layout, qi: &index.qi, ki: &index.ki };
+    let index = p
+        .index
+        .as_ref()
+        .ok_or_else(|| MsaError::Invalid("the KL backward needs qi and ki".into()))?;
+    let ii = indexer::IndexerInputs {
+        layout: &p.layout,
+        qi: &index.qi,
+        ki: &index.ki,
+    };
     let all: Vec<usize> = (0..p.layout.total_q()).collect();
     indexer::selection_lse(&ii, &p.topk_indices, &all).map_err(refd)
 }
@@ -68,13 +88,23 @@ pub fn kl_indexer_lse(p: &AttentionFile) -> Result<Vec<f32>> {
 /// The whole call on the CPU reference (`msa-ref`).
 pub fn run_cpu(p: &AttentionFile, opts: &RunOptions) -> Result<RunResult> {
     msa_plan::topk::validate_topk(&p.layout, &p.topk_indices)?;
-    let inputs = AttentionInputs { layout: &p.layout, q: &p.q, k: &p.k, v: &p.v, topk: &p.topk_indices };
+    let inputs = AttentionInputs {
+        layout: &p.layout,
+        q: &p.q,
+        k: &p.k,
+        v: &p.v,
+        topk: &p.topk_indices,
+    };
     let mut times = Vec::new();
     let mut o = Outputs::default();
-    let fwd = timed(&mut times, "forward", || attention::forward(&inputs).map_err(refd))?;
+    let fwd = timed(&mut times, "forward", || {
+        attention::forward(&inputs).map_err(refd)
+    })?;
     let out = fwd.out_bf16();
     if let (true, Some(dout)) = (opts.backward, &p.dout) {
-        let g = timed(&mut times, "backward", || attention::backward(&inputs, dout, &out, &fwd.lse).map_err(refd))?;
+        let g = timed(&mut times, "backward", || {
+            attention::backward(&inputs, dout, &out, &fwd.lse).map_err(refd)
+        })?;
         o.dq = Some(to_bf16(&g.dq));
         o.dk = Some(to_bf16(&g.dk));
         o.dv = Some(to_bf16(&g.dv));
@@ -82,15 +112,29 @@ pub fn run_cpu(p: &AttentionFile, opts: &RunOptions) -> Result<RunResult> {
     let mut kl_lse = None;
     if let Some(index) = &p.index {
         if opts.indexer {
-            let ii = indexer::IndexerInputs { layout: &p.layout, qi: &index.qi, ki: &index.ki };
-            let r = timed(&mut times, "indexer", || indexer::forward(&ii).map_err(refd))?;
+            let ii = indexer::IndexerInputs {
+                layout: &p.layout,
+                qi: &index.qi,
+                ki: &index.ki,
+            };
+            let r = timed(&mut times, "indexer", || {
+                indexer::forward(&ii).map_err(refd)
+            })?;
             o.indexer_topk = Some(r.topk);
             o.indexer_lse = Some(r.lse);
         }
         if opts.kl {
             let ilse = timed(&mut times, "kl_index_lse", || kl_indexer_lse(p))?;
             let g = timed(&mut times, "kl_backward", || {
-                kl::kl_backward(&inputs, &fwd.lse, &index.qi, &index.ki, &ilse, opts.loss_coeff).map_err(refd)
+                kl::kl_backward(
+                    &inputs,
+                    &fwd.lse,
+                    &index.qi,
+                    &index.ki,
+                    &ilse,
+                    opts.loss_coeff,
+                )
+                .map_err(refd)
             })?;
             o.dqi = Some(to_bf16(&g.dqi));
             o.dki = Some(to_bf16(&g.dki));
@@ -99,7 +143,11 @@ pub fn run_cpu(p: &AttentionFile, opts: &RunOptions) -> Result<RunResult> {
     }
     o.out = Some(out);
     o.lse = Some(fwd.lse);
-    Ok(RunResult { outputs: o, times, kl_indexer_lse: kl_lse })
+    Ok(RunResult {
+        outputs: o,
+        times,
+        kl_indexer_lse: kl_lse,
+    })
 }
 
 /// Which backend a command asked for.
@@ -118,7 +166,9 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(Self::Auto),
             "cpu" => Ok(Self::Cpu),
             "cuda" => Ok(Self::Cuda),
-            _ => Err(MsaError::Invalid(format!("unknown backend `{s}` (expected auto, cpu or cuda)"))),
+            _ => Err(MsaError::Invalid(format!(
+                "unknown backend `{s}` (expected auto, cpu or cuda)"
+            ))),
         }
     }
 }
@@ -145,7 +195,9 @@ impl Backend {
 
     #[cfg(feature = "msa")]
     fn cuda(poison_outputs: bool) -> Result<Self> {
-        Ok(Self::Cuda(crate::cuda::CudaMsa::new(0)?.with_poisoned_outputs(poison_outputs)))
+        Ok(Self::Cuda(
+            crate::cuda::CudaMsa::new(0)?.with_poisoned_outputs(poison_outputs),
+        ))
     }
 
     #[cfg(not(feature = "msa"))]

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use msa_workloads::{case_seed, load_manifest, make_topk, CpConfig, Inputs, Pattern, RankCase, RealCase};
+use msa_workloads::{
+    case_seed, load_manifest, make_topk, CpConfig, Inputs, Pattern, RankCase, RealCase,
+};
 
 use crate::error::{MsaError, Result};
 use crate::io::AttentionFile;
@@ -22,7 +24,10 @@ pub struct CaseSpec {
 impl CaseSpec {
     /// A short name for logs: `case434/r0/recent16/s0`.
     pub fn name(&self) -> String {
-        format!("case{}/r{}/{}/s{}", self.case_id, self.rank, self.pattern, self.seed)
+        format!(
+            "case{}/r{}/{}/s{}",
+            self.case_id, self.rank, self.pattern, self.seed
+        )
     }
 }
 
@@ -33,13 +38,18 @@ pub fn manifest(path: &Path) -> Result<Vec<RealCase>> {
 
 /// The CP16 rank `rank` of case `case_id`.
 pub fn rank_case(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankCase> {
-    let case = cases
-        .iter()
-        .find(|c| c.case_id == case_id)
-        .ok_or_else(|| MsaError::Invalid(format!("case {case_id} is not in the manifest ({} cases)", cases.len())))?;
+    let case = cases.iter().find(|c| c.case_id == case_id).ok_or_else(|| {
+        MsaError::Invalid(format!(
+            "case {case_id} is not in the manifest ({} cases)",
+            cases.len()
+        ))
+    })?;
     let cfg = CpConfig::default();
     if rank >= cfg.cp_size {
-        return Err(MsaError::Invalid(format!("rank {rank} is out of range (CP size {})", cfg.cp_size)));
+        return Err(MsaError::Invalid(format!(
+            "rank {rank} is out of range (CP size {})",
+            cfg.cp_size
+        )));
     }
     Ok(case.rank_cases(&cfg)?.swap_remove(rank))
 }
@@ -56,7 +66,11 @@ pub fn build(rank: &RankCase, pattern: Pattern, seed: u64) -> AttentionFile {
 /// Load a whole case from its spec.
 pub fn load(spec: &CaseSpec) -> Result<AttentionFile> {
     let cases = manifest(&spec.manifest)?;
-    Ok(build(&rank_case(&cases, spec.case_id, spec.rank)?, spec.pattern, spec.seed))
+    Ok(build(
+        &rank_case(&cases, spec.case_id, spec.rank)?,
+        spec.pattern,
+        spec.seed,
+    ))
 }
 
 /// Parse a pattern name with the workload crate's error (it lists every valid name).

@@ -290,7 +290,7 @@ impl Sizes {
                 }
             })
             .expect("every spec has one shared size");
-        if len % fixed != 0 {
+        if !len.is_multiple_of(fixed) {
             return Err(shape_err(format!(" (not a multiple of {fixed})")));
         }
         if len / fixed < plus {

@@ -63,7 +63,7 @@ pub fn task_build_sizes(
 ) -> Result<TaskBuildSizes> {
     fits_i32("num_tokens", num_tokens)?;
     fits_i32("workspace_rows", workspace_rows)?;
-    if workspace_rows % BLOCK_SIZE != 0 {
+    if !workspace_rows.is_multiple_of(BLOCK_SIZE) {
         return Err(schedule_err(format!(
             "workspace_rows must be a multiple of {BLOCK_SIZE}, got {workspace_rows}"
         )));

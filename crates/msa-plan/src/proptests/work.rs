@@ -16,7 +16,7 @@ pub(super) fn check_work_items(
     items: &[WorkItem],
     target: usize,
 ) -> Result<(), String> {
-    if target % 8 != 0 {
+    if !target.is_multiple_of(8) {
         return Err(format!("target {target} is not a multiple of 8"));
     }
     let cap = flat_schedule_capacity(layout.total_rows(), layout.total_q(), target);

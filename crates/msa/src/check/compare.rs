@@ -5,7 +5,11 @@ use super::CheckLine;
 /// `assert_close` with MSA's semantics: value is the worst |a − e| / (atol + rtol·|e|), so a
 /// value ≤ 1 passes; NaN or a mismatched infinity fails; equal infinities agree.
 pub fn close(tensor: &str, actual: &[f32], expected: &[f32], atol: f64, rtol: f64) -> CheckLine {
-    assert_eq!(actual.len(), expected.len(), "{tensor}: compared slices differ in length");
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{tensor}: compared slices differ in length"
+    );
     let (mut worst, mut worst_i, mut bad, mut max_abs) = (0f64, 0usize, 0usize, 0f64);
     for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
         let (a, e) = (a as f64, e as f64);
@@ -51,16 +55,33 @@ pub fn cosine(tensor: &str, actual: &[f32], expected: &[f32], min: f64) -> Check
 /// [`cosine`] for attention gradients: two numerically zero tensors (RMS below
 /// [`NEGLIGIBLE_RMS`], within 1e-6 of each other) also pass. Not for the KL gradients, whose
 /// scale (1/(4·T)) makes them tiny by construction.
-pub fn attention_grad_cosine(tensor: &str, actual: &[f32], expected: &[f32], min: f64) -> CheckLine {
+pub fn attention_grad_cosine(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    min: f64,
+) -> CheckLine {
     cosine_line(tensor, actual, expected, min, true)
 }
 
-fn cosine_line(tensor: &str, actual: &[f32], expected: &[f32], min: f64, allow_zero: bool) -> CheckLine {
-    assert_eq!(actual.len(), expected.len(), "{tensor}: compared slices differ in length");
+fn cosine_line(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    min: f64,
+    allow_zero: bool,
+) -> CheckLine {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{tensor}: compared slices differ in length"
+    );
     let nonfinite = actual.iter().filter(|x| !x.is_finite()).count();
     let c = msa_ref::compare::cosine(actual, expected);
     let l2 = msa_ref::compare::l2_rel(actual, expected);
-    let rms = |x: &[f32]| (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64).sqrt();
+    let rms = |x: &[f32]| {
+        (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64).sqrt()
+    };
     let negligible = allow_zero
         && rms(expected) < NEGLIGIBLE_RMS
         && rms(actual) < NEGLIGIBLE_RMS
@@ -74,7 +95,11 @@ fn cosine_line(tensor: &str, actual: &[f32], expected: &[f32], min: f64, allow_z
         detail: format!(
             "l2_rel {l2:.3e}, {nonfinite} non-finite, n {}{}",
             actual.len(),
-            if negligible { ", both numerically zero" } else { "" }
+            if negligible {
+                ", both numerically zero"
+            } else {
+                ""
+            }
         ),
     }
 }
@@ -90,13 +115,16 @@ pub fn exact(tensor: &str, actual: &[i32], expected: &[i32]) -> CheckLine {
         value: mismatches as f64,
         limit: 0.0,
         passed: mismatches == 0,
-        detail: first.map_or(String::new(), |i| format!("first at {i}: {} vs {}", actual[i], expected[i])),
+        detail: first.map_or(String::new(), |i| {
+            format!("first at {i}: {} vs {}", actual[i], expected[i])
+        }),
     }
 }
 
 /// Bitwise equality of two runs (deterministic mode).
 pub fn bitwise(tensor: &str, first: &[u16], second: &[u16]) -> CheckLine {
-    let diff = first.iter().zip(second).filter(|(a, b)| a != b).count() + first.len().abs_diff(second.len());
+    let diff = first.iter().zip(second).filter(|(a, b)| a != b).count()
+        + first.len().abs_diff(second.len());
     CheckLine {
         tensor: tensor.to_string(),
         metric: "bitwise_diff",
@@ -109,7 +137,11 @@ pub fn bitwise(tensor: &str, first: &[u16], second: &[u16]) -> CheckLine {
 
 /// Elements that must be exactly zero (keys nobody selected) but are not.
 pub fn zeros(tensor: &str, values: &[f32], must_be_zero: impl Fn(usize) -> bool) -> CheckLine {
-    let bad = values.iter().enumerate().filter(|(i, v)| must_be_zero(*i) && **v != 0.0).count();
+    let bad = values
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| must_be_zero(*i) && **v != 0.0)
+        .count();
     CheckLine {
         tensor: tensor.to_string(),
         metric: "nonzero_unselected",

@@ -27,11 +27,31 @@ fn row(x: &[bf16], r: usize, heads: usize, h: usize) -> impl Iterator<Item = f64
     x[o..o + HEAD_DIM].iter().map(|v| v.to_f64())
 }
 
-fn dot(a: &[bf16], ra: usize, ha: usize, b: &[bf16], rb: usize, hb: usize, heads_a: usize, heads_b: usize) -> f64 {
-    row(a, ra, heads_a, ha).zip(row(b, rb, heads_b, hb)).map(|(x, y)| x * y).sum()
+/// ⟨a, b⟩ of two rows in f64, summed in element order.
+fn dot(a: impl Iterator<Item = f64>, b: impl Iterator<Item = f64>) -> f64 {
+    a.zip(b).map(|(x, y)| x * y).sum()
 }
 
 impl Problem<'_> {
+    /// The attention score scale·⟨q[t, h], k[r, h/16]⟩.
+    fn score(&self, t: usize, h: usize, r: usize) -> f64 {
+        let g = h / HEADS_PER_GROUP;
+        SOFTMAX_SCALE_F64
+            * dot(
+                row(self.q, t, NUM_Q_HEADS, h),
+                row(self.k, r, NUM_KV_HEADS, g),
+            )
+    }
+
+    /// dP of (query `t`, head `h`, key row `r`): ⟨dout[t, h], v[r, h/16]⟩.
+    fn dout_v(&self, dout: &[bf16], t: usize, h: usize, r: usize) -> f64 {
+        let g = h / HEADS_PER_GROUP;
+        dot(
+            row(dout, t, NUM_Q_HEADS, h),
+            row(self.v, r, NUM_KV_HEADS, g),
+        )
+    }
+
     /// Packed K rows of the token set of (query `t`, group `g`), by definition.
     pub fn token_set(&self, t: usize, g: usize) -> Vec<usize> {
         let (b, _, p) = self.layout.query_coords(t);
@@ -47,10 +67,7 @@ impl Problem<'_> {
     pub fn attention_row(&self, t: usize, h: usize) -> (Vec<f64>, f64) {
         let g = h / HEADS_PER_GROUP;
         let keys = self.token_set(t, g);
-        let s: Vec<f64> = keys
-            .iter()
-            .map(|&r| SOFTMAX_SCALE_F64 * dot(self.q, t, h, self.k, r, g, NUM_Q_HEADS, NUM_KV_HEADS))
-            .collect();
+        let s: Vec<f64> = keys.iter().map(|&r| self.score(t, h, r)).collect();
         let mut out = vec![0f64; HEAD_DIM];
         if s.is_empty() {
             return (out, f64::NEG_INFINITY);
@@ -71,12 +88,16 @@ impl Problem<'_> {
         let dout = self.dout.expect("dq_row needs dout");
         let g = h / HEADS_PER_GROUP;
         let (o, lse) = self.attention_row(t, h);
-        let delta: f64 = o.iter().zip(row(dout, t, NUM_Q_HEADS, h)).map(|(a, b)| a * b).sum();
+        let delta: f64 = o
+            .iter()
+            .zip(row(dout, t, NUM_Q_HEADS, h))
+            .map(|(a, b)| a * b)
+            .sum();
         let mut dq = vec![0f64; HEAD_DIM];
         for r in self.token_set(t, g) {
-            let s = SOFTMAX_SCALE_F64 * dot(self.q, t, h, self.k, r, g, NUM_Q_HEADS, NUM_KV_HEADS);
+            let s = self.score(t, h, r);
             let p = (s - lse).exp();
-            let dp = dot(dout, t, h, self.v, r, g, NUM_Q_HEADS, NUM_KV_HEADS);
+            let dp = self.dout_v(dout, t, h, r);
             let ds = SOFTMAX_SCALE_F64 * p * (dp - delta);
             for (d, kk) in dq.iter_mut().zip(row(self.k, r, NUM_KV_HEADS, g)) {
                 *d += ds * kk;
@@ -89,7 +110,13 @@ impl Problem<'_> {
     pub fn row_stats(&self, t: usize, h: usize) -> (f64, f64) {
         let dout = self.dout.expect("row_stats needs dout");
         let (o, lse) = self.attention_row(t, h);
-        (lse, o.iter().zip(row(dout, t, NUM_Q_HEADS, h)).map(|(a, b)| a * b).sum())
+        (
+            lse,
+            o.iter()
+                .zip(row(dout, t, NUM_Q_HEADS, h))
+                .map(|(a, b)| a * b)
+                .sum(),
+        )
     }
 
     /// Queries whose token set for group `g` holds packed key row `r`.
@@ -126,9 +153,9 @@ impl Problem<'_> {
         for &t in queries {
             for h in g * HEADS_PER_GROUP..(g + 1) * HEADS_PER_GROUP {
                 let (lse, delta) = stats(t, h);
-                let s = SOFTMAX_SCALE_F64 * dot(self.q, t, h, self.k, r, g, NUM_Q_HEADS, NUM_KV_HEADS);
+                let s = self.score(t, h, r);
                 let p = (s - lse).exp();
-                let dp = dot(dout, t, h, self.v, r, g, NUM_Q_HEADS, NUM_KV_HEADS);
+                let dp = self.dout_v(dout, t, h, r);
                 let ds = SOFTMAX_SCALE_F64 * p * (dp - delta);
                 let pairs = row(self.q, t, NUM_Q_HEADS, h).zip(row(dout, t, NUM_Q_HEADS, h));
                 for ((a, b), (qq, dd)) in dk.iter_mut().zip(dv.iter_mut()).zip(pairs) {
@@ -144,7 +171,7 @@ impl Problem<'_> {
 impl Problem<'_> {
     fn index_score(&self, t: usize, g: usize, r: usize) -> f64 {
         let (qi, ki) = self.index.expect("indexer checks need qi and ki");
-        SOFTMAX_SCALE_F64 * dot(qi, t, g, ki, r, 0, NUM_INDEX_HEADS, 1)
+        SOFTMAX_SCALE_F64 * dot(row(qi, t, NUM_INDEX_HEADS, g), row(ki, r, 1, 0))
     }
 
     /// Indexer block scores of (query `t`, index head `g`): the max of qi·ki/√128 over the
@@ -163,8 +190,15 @@ impl Problem<'_> {
     /// logsumexp of qi·ki/√128 over the token set that `selection` (`[4, T, 16]`) gives
     /// (query `t`, head `g`).
     pub fn index_selection_lse(&self, selection: &[i32], t: usize, g: usize) -> f64 {
-        let scratch = Problem { topk: selection, ..*self };
-        let s: Vec<f64> = scratch.token_set(t, g).iter().map(|&r| self.index_score(t, g, r)).collect();
+        let scratch = Problem {
+            topk: selection,
+            ..*self
+        };
+        let s: Vec<f64> = scratch
+            .token_set(t, g)
+            .iter()
+            .map(|&r| self.index_score(t, g, r))
+            .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
             return m;
@@ -182,11 +216,12 @@ impl Problem<'_> {
         for h in g * HEADS_PER_GROUP..(g + 1) * HEADS_PER_GROUP {
             let (_, lse) = self.attention_row(t, h);
             for (tj, &r) in teacher.iter_mut().zip(&keys) {
-                let s = SOFTMAX_SCALE_F64 * dot(self.q, t, h, self.k, r, g, NUM_Q_HEADS, NUM_KV_HEADS);
+                let s = self.score(t, h, r);
                 *tj += (s - lse).exp() / HEADS_PER_GROUP as f64;
             }
         }
-        let grad_scale = SOFTMAX_SCALE_F64 * loss_coeff / (NUM_INDEX_HEADS * self.layout.total_q()) as f64;
+        let grad_scale =
+            SOFTMAX_SCALE_F64 * loss_coeff / (NUM_INDEX_HEADS * self.layout.total_q()) as f64;
         let mut dqi = vec![0f64; INDEX_DIM];
         for (&r, tj) in keys.iter().zip(&teacher) {
             let sigma = (self.index_score(t, g, r) - ilse).exp();

@@ -3,7 +3,9 @@
 //! as the kernels receive them, so each stage is checked on its own.
 
 use half::bf16;
-use msa_plan::topology::{HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS};
+use msa_plan::topology::{
+    HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS,
+};
 use msa_ref::attention::{self, AttentionInputs};
 use msa_ref::indexer::{self, IndexerInputs};
 use msa_ref::kl;
@@ -33,18 +35,43 @@ pub fn against_reference(
     kl_inputs: Option<(&[f32], f32)>,
 ) -> Result<CheckReport> {
     let l = &p.layout;
-    let inputs = AttentionInputs { layout: l, q: &p.q, k: &p.k, v: &p.v, topk: &p.topk_indices };
+    let inputs = AttentionInputs {
+        layout: l,
+        q: &p.q,
+        k: &p.k,
+        v: &p.v,
+        topk: &p.topk_indices,
+    };
     let full = sample.is_full(l);
     let qs = &sample.queries;
     let mut r = CheckReport::default();
 
     let (Some(out), Some(lse)) = (&got.out, &got.lse) else {
-        return Err(MsaError::Invalid("the backend produced no forward outputs".into()));
+        return Err(MsaError::Invalid(
+            "the backend produced no forward outputs".into(),
+        ));
     };
-    let fwd = if full { attention::forward(&inputs) } else { attention::forward_queries(&inputs, qs) }.map_err(refd)?;
+    let fwd = if full {
+        attention::forward(&inputs)
+    } else {
+        attention::forward_queries(&inputs, qs)
+    }
+    .map_err(refd)?;
     r.push(structure::finite("out", out.iter().map(|x| x.to_f32())));
-    r.push(compare::close("out", &gather_rows(out, Q_ROW, qs.iter().copied()), &fwd.out, tol.out_atol, tol.out_rtol));
-    r.push(compare::close("lse", &gather_rows(lse, NUM_Q_HEADS, qs.iter().copied()), &fwd.lse, tol.lse_atol, tol.lse_rtol));
+    r.push(compare::close(
+        "out",
+        &gather_rows(out, Q_ROW, qs.iter().copied()),
+        &fwd.out,
+        tol.out_atol,
+        tol.out_rtol,
+    ));
+    r.push(compare::close(
+        "lse",
+        &gather_rows(lse, NUM_Q_HEADS, qs.iter().copied()),
+        &fwd.lse,
+        tol.lse_atol,
+        tol.lse_rtol,
+    ));
 
     if let (Some(dout), Some(dq), Some(dk), Some(dv)) = (&p.dout, &got.dq, &got.dk, &got.dv) {
         let attended = structure::attended_keys(l, &p.topk_indices);
@@ -52,9 +79,11 @@ pub fn against_reference(
             r.push(structure::finite(name, g.iter().map(|x| x.to_f32())));
         }
         for (name, g) in [("dk", dk), ("dv", dv)] {
-            r.push(compare::zeros(name, &g.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), |i| {
-                !attended[i / HEAD_DIM]
-            }));
+            r.push(compare::zeros(
+                name,
+                &g.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                |i| !attended[i / HEAD_DIM],
+            ));
         }
         let (ref_dq, ref_dk, ref_dv) = if full {
             let gr = attention::backward(&inputs, dout, out, lse).map_err(refd)?;
@@ -63,7 +92,9 @@ pub fn against_reference(
             let dq = attention::backward_dq_queries(&inputs, dout, out, lse, qs).map_err(refd)?;
             let (mut dk, mut dv) = (Vec::new(), Vec::new());
             for (g, rows) in &sample.keys {
-                let (a, b) = attention::backward_dkv_keys(&inputs, dout, out, lse, *g, rows.clone()).map_err(refd)?;
+                let (a, b) =
+                    attention::backward_dkv_keys(&inputs, dout, out, lse, *g, rows.clone())
+                        .map_err(refd)?;
                 dk.extend(a);
                 dv.extend(b);
             }
@@ -76,16 +107,42 @@ pub fn against_reference(
             sample
                 .keys
                 .iter()
-                .flat_map(|(g, rows)| rows.clone().flat_map(move |row| x[row * KV_ROW + g * HEAD_DIM..][..HEAD_DIM].iter().map(|v| v.to_f32())))
+                .flat_map(|(g, rows)| {
+                    rows.clone().flat_map(move |row| {
+                        x[row * KV_ROW + g * HEAD_DIM..][..HEAD_DIM]
+                            .iter()
+                            .map(|v| v.to_f32())
+                    })
+                })
                 .collect()
         };
-        r.push(compare::attention_grad_cosine("dq", &gather_rows(dq, Q_ROW, qs.iter().copied()), &ref_dq, tol.grad_cosine));
-        r.push(compare::attention_grad_cosine("dk", &got_keys(dk), &ref_dk, tol.grad_cosine));
-        r.push(compare::attention_grad_cosine("dv", &got_keys(dv), &ref_dv, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine(
+            "dq",
+            &gather_rows(dq, Q_ROW, qs.iter().copied()),
+            &ref_dq,
+            tol.grad_cosine,
+        ));
+        r.push(compare::attention_grad_cosine(
+            "dk",
+            &got_keys(dk),
+            &ref_dk,
+            tol.grad_cosine,
+        ));
+        r.push(compare::attention_grad_cosine(
+            "dv",
+            &got_keys(dv),
+            &ref_dv,
+            tol.grad_cosine,
+        ));
     }
 
-    if let (Some(index), Some(itopk), Some(ilse)) = (&p.index, &got.indexer_topk, &got.indexer_lse) {
-        let ii = IndexerInputs { layout: l, qi: &index.qi, ki: &index.ki };
+    if let (Some(index), Some(itopk), Some(ilse)) = (&p.index, &got.indexer_topk, &got.indexer_lse)
+    {
+        let ii = IndexerInputs {
+            layout: l,
+            qi: &index.qi,
+            ki: &index.ki,
+        };
         r.push(structure::indexer_selection(l, itopk));
         let t = l.total_q();
         // Block scores scan a query's whole document: rank the first few sampled queries only.
@@ -98,7 +155,9 @@ pub fn against_reference(
                 let local = scores.len() - 1;
                 let mut nonlocal: Vec<f32> = scores[..local].to_vec();
                 nonlocal.sort_by(|a, b| b.total_cmp(a));
-                let Some(&kth) = nonlocal.get(nonlocal.len().min(TOPK_BLOCKS - 1).saturating_sub(1)) else {
+                let Some(&kth) =
+                    nonlocal.get(nonlocal.len().min(TOPK_BLOCKS - 1).saturating_sub(1))
+                else {
                     return Ok(f64::NEG_INFINITY);
                 };
                 Ok(itopk[(g * t + q) * TOPK_BLOCKS..][..TOPK_BLOCKS]
@@ -118,30 +177,71 @@ pub fn against_reference(
             detail: "15th-best score minus the worst selected non-local score".into(),
         });
         let sel_lse = indexer::selection_lse(&ii, itopk, qs).map_err(refd)?;
-        let got_lse: Vec<f32> = (0..NUM_INDEX_HEADS).flat_map(|g| qs.iter().map(move |&q| ilse[g * t + q])).collect();
-        r.push(compare::close("indexer_lse", &got_lse, &sel_lse, tol.indexer_lse_atol, tol.indexer_lse_atol));
+        let got_lse: Vec<f32> = (0..NUM_INDEX_HEADS)
+            .flat_map(|g| qs.iter().map(move |&q| ilse[g * t + q]))
+            .collect();
+        r.push(compare::close(
+            "indexer_lse",
+            &got_lse,
+            &sel_lse,
+            tol.indexer_lse_atol,
+            tol.indexer_lse_atol,
+        ));
     }
 
-    if let (Some(index), Some(dqi), Some(dki), Some((indexer_lse, loss_coeff))) = (&p.index, &got.dqi, &got.dki, kl_inputs) {
+    if let (Some(index), Some(dqi), Some(dki), Some((indexer_lse, loss_coeff))) =
+        (&p.index, &got.dqi, &got.dki, kl_inputs)
+    {
         r.push(structure::finite("dqi", dqi.iter().map(|x| x.to_f32())));
         r.push(structure::finite("dki", dki.iter().map(|x| x.to_f32())));
         let (ref_dqi, ref_dki) = if full {
-            let g = kl::kl_backward(&inputs, lse, &index.qi, &index.ki, indexer_lse, loss_coeff).map_err(refd)?;
+            let g = kl::kl_backward(&inputs, lse, &index.qi, &index.ki, indexer_lse, loss_coeff)
+                .map_err(refd)?;
             (g.dqi, g.dki)
         } else {
-            let dqi = kl::kl_dqi_queries(&inputs, lse, &index.qi, &index.ki, indexer_lse, loss_coeff, qs).map_err(refd)?;
+            let dqi = kl::kl_dqi_queries(
+                &inputs,
+                lse,
+                &index.qi,
+                &index.ki,
+                indexer_lse,
+                loss_coeff,
+                qs,
+            )
+            .map_err(refd)?;
             let mut dki = Vec::new();
             for (_, rows) in sample.keys.iter().filter(|(g, _)| *g == 0) {
-                dki.extend(kl::kl_dki_keys(&inputs, lse, &index.qi, &index.ki, indexer_lse, loss_coeff, rows.clone()).map_err(refd)?);
+                dki.extend(
+                    kl::kl_dki_keys(
+                        &inputs,
+                        lse,
+                        &index.qi,
+                        &index.ki,
+                        indexer_lse,
+                        loss_coeff,
+                        rows.clone(),
+                    )
+                    .map_err(refd)?,
+                );
             }
             (dqi, dki)
         };
         let got_dki: Vec<f32> = if full {
             dki.iter().map(|v| v.to_f32()).collect()
         } else {
-            sample.keys.iter().filter(|(g, _)| *g == 0).flat_map(|(_, rows)| gather_rows(dki, INDEX_DIM, rows.clone())).collect()
+            sample
+                .keys
+                .iter()
+                .filter(|(g, _)| *g == 0)
+                .flat_map(|(_, rows)| gather_rows(dki, INDEX_DIM, rows.clone()))
+                .collect()
         };
-        r.push(compare::cosine("dqi", &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()), &ref_dqi, tol.grad_cosine));
+        r.push(compare::cosine(
+            "dqi",
+            &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
+            &ref_dqi,
+            tol.grad_cosine,
+        ));
         r.push(compare::cosine("dki", &got_dki, &ref_dki, tol.grad_cosine));
     }
     Ok(r)

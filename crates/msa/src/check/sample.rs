@@ -17,10 +17,15 @@ pub struct Sample {
 impl Sample {
     /// About `queries` queries and `blocks` key blocks per group, seeded.
     pub fn new(layout: &VarlenLayout, queries: usize, blocks: usize, seed: u64) -> Self {
-        let mut rng = Rng::stream(seed, &[0x5A3B_1E]);
+        let mut rng = Rng::stream(seed, &[0x005A_3B1E]);
         let t = layout.total_q();
         let mut qs: Vec<usize> = Vec::new();
-        for f in layout.fragments().iter().filter(|f| f.q_len > 0).take(queries / 4) {
+        for f in layout
+            .fragments()
+            .iter()
+            .filter(|f| f.q_len > 0)
+            .take(queries / 4)
+        {
             qs.push(f.q_start);
             qs.push(f.q_start + f.q_len - 1);
         }
@@ -55,7 +60,9 @@ impl Sample {
     pub fn full(layout: &VarlenLayout) -> Self {
         Self {
             queries: (0..layout.total_q()).collect(),
-            keys: (0..NUM_KV_HEADS).map(|g| (g, 0..layout.total_k())).collect(),
+            keys: (0..NUM_KV_HEADS)
+                .map(|g| (g, 0..layout.total_k()))
+                .collect(),
         }
     }
 
@@ -65,6 +72,12 @@ impl Sample {
 }
 
 /// Rows `idx` of a row-major tensor with `width` elements per row, as f32.
-pub fn gather_rows<T: Copy + Into<f32>>(x: &[T], width: usize, idx: impl IntoIterator<Item = usize>) -> Vec<f32> {
-    idx.into_iter().flat_map(|r| x[r * width..(r + 1) * width].iter().map(|&v| v.into())).collect()
+pub fn gather_rows<T: Copy + Into<f32>>(
+    x: &[T],
+    width: usize,
+    idx: impl IntoIterator<Item = usize>,
+) -> Vec<f32> {
+    idx.into_iter()
+        .flat_map(|r| x[r * width..(r + 1) * width].iter().map(|&v| v.into()))
+        .collect()
 }

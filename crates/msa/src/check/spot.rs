@@ -22,7 +22,13 @@ fn f32s(x: impl IntoIterator<Item = f64>) -> Vec<f32> {
 
 /// Spot checks of `got` on the sample's queries and on up to `keys_per_group` key rows of each
 /// group.
-pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &Tolerances, loss_coeff: f32) -> CheckReport {
+pub fn against_oracle(
+    p: &AttentionFile,
+    got: &Outputs,
+    sample: &Sample,
+    tol: &Tolerances,
+    loss_coeff: f32,
+) -> CheckReport {
     let l = &p.layout;
     let t = l.total_q();
     let prob = &Problem {
@@ -37,17 +43,41 @@ pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &T
     let qs = &sample.queries;
     let mut r = CheckReport::default();
     if let (Some(out), Some(lse)) = (&got.out, &got.lse) {
-        let rows: Vec<(Vec<f64>, f64)> =
-            qs.par_iter().flat_map_iter(|&q| (0..NUM_Q_HEADS).map(move |h| prob.attention_row(q, h))).collect();
-        let o: Vec<f32> = rows.iter().flat_map(|(row, _)| f32s(row.iter().copied())).collect();
+        let rows: Vec<(Vec<f64>, f64)> = qs
+            .par_iter()
+            .flat_map_iter(|&q| (0..NUM_Q_HEADS).map(move |h| prob.attention_row(q, h)))
+            .collect();
+        let o: Vec<f32> = rows
+            .iter()
+            .flat_map(|(row, _)| f32s(row.iter().copied()))
+            .collect();
         let s: Vec<f32> = rows.iter().map(|(_, l)| *l as f32).collect();
-        r.push(compare::close("out", &gather_rows(out, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()), &o, tol.out_atol, tol.out_rtol));
-        r.push(compare::close("lse", &gather_rows(lse, NUM_Q_HEADS, qs.iter().copied()), &s, tol.lse_atol, tol.lse_rtol));
+        r.push(compare::close(
+            "out",
+            &gather_rows(out, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()),
+            &o,
+            tol.out_atol,
+            tol.out_rtol,
+        ));
+        r.push(compare::close(
+            "lse",
+            &gather_rows(lse, NUM_Q_HEADS, qs.iter().copied()),
+            &s,
+            tol.lse_atol,
+            tol.lse_rtol,
+        ));
     }
     if let (Some(dq), Some(dk), Some(dv)) = (&got.dq, &got.dk, &got.dv) {
-        let want: Vec<f32> =
-            qs.par_iter().flat_map_iter(|&q| (0..NUM_Q_HEADS).flat_map(move |h| f32s(prob.dq_row(q, h)))).collect();
-        r.push(compare::attention_grad_cosine("dq", &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()), &want, tol.grad_cosine));
+        let want: Vec<f32> = qs
+            .par_iter()
+            .flat_map_iter(|&q| (0..NUM_Q_HEADS).flat_map(move |h| f32s(prob.dq_row(q, h))))
+            .collect();
+        r.push(compare::attention_grad_cosine(
+            "dq",
+            &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()),
+            &want,
+            tol.grad_cosine,
+        ));
         let (mut gk, mut gv, mut wk, mut wv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut stats = HashMap::new();
         for (g, rows) in &sample.keys {
@@ -57,7 +87,9 @@ pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &T
                 if queries.len() > MAX_QUERIES_PER_KEY {
                     continue;
                 }
-                let (a, b) = prob.dkv_row(*g, row, &queries, |t, h| *stats.entry((t, h)).or_insert_with(|| prob.row_stats(t, h)));
+                let (a, b) = prob.dkv_row(*g, row, &queries, |t, h| {
+                    *stats.entry((t, h)).or_insert_with(|| prob.row_stats(t, h))
+                });
                 let at = (row * NUM_KV_HEADS + g) * HEAD_DIM;
                 gk.extend(dk[at..at + HEAD_DIM].iter().map(|x| x.to_f32()));
                 gv.extend(dv[at..at + HEAD_DIM].iter().map(|x| x.to_f32()));
@@ -65,8 +97,18 @@ pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &T
                 wv.extend(f32s(b));
             }
         }
-        r.push(compare::attention_grad_cosine("dk", &gk, &wk, tol.grad_cosine));
-        r.push(compare::attention_grad_cosine("dv", &gv, &wv, tol.grad_cosine));
+        r.push(compare::attention_grad_cosine(
+            "dk",
+            &gk,
+            &wk,
+            tol.grad_cosine,
+        ));
+        r.push(compare::attention_grad_cosine(
+            "dv",
+            &gv,
+            &wv,
+            tol.grad_cosine,
+        ));
     }
     if let (Some(itopk), Some(ilse)) = (&got.indexer_topk, &got.indexer_lse) {
         r.push(structure::indexer_selection(l, itopk));
@@ -97,14 +139,28 @@ pub fn against_oracle(p: &AttentionFile, got: &Outputs, sample: &Sample, tol: &T
             passed: worst_gap <= tol.indexer_rank_slack,
             detail: "15th-best score minus the worst selected non-local score".into(),
         });
-        r.push(compare::close("indexer_lse", &gl, &wl, tol.indexer_lse_atol, tol.indexer_lse_atol));
+        r.push(compare::close(
+            "indexer_lse",
+            &gl,
+            &wl,
+            tol.indexer_lse_atol,
+            tol.indexer_lse_atol,
+        ));
     }
     if let Some(dqi) = &got.dqi {
         let want: Vec<f32> = qs
             .par_iter()
-            .flat_map_iter(|&q| (0..NUM_INDEX_HEADS).flat_map(move |g| f32s(prob.kl_dqi_row(q, g, loss_coeff as f64))))
+            .flat_map_iter(|&q| {
+                (0..NUM_INDEX_HEADS)
+                    .flat_map(move |g| f32s(prob.kl_dqi_row(q, g, loss_coeff as f64)))
+            })
             .collect();
-        r.push(compare::cosine("dqi", &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()), &want, tol.grad_cosine));
+        r.push(compare::cosine(
+            "dqi",
+            &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
+            &want,
+            tol.grad_cosine,
+        ));
     }
     r
 }

@@ -75,7 +75,11 @@ impl CheckReport {
                 l.value,
                 l.limit,
                 if l.passed { "ok" } else { "FAIL" },
-                if l.detail.is_empty() { String::new() } else { format!("  ({})", l.detail) }
+                if l.detail.is_empty() {
+                    String::new()
+                } else {
+                    format!("  ({})", l.detail)
+                }
             ));
         }
         s

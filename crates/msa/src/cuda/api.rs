@@ -7,8 +7,8 @@ use half::bf16;
 use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
 
 use super::attention_bwd::{
-    launch_backward_deterministic, launch_backward_main, Accumulators, BackwardTensors, DevicePhysicalCsr, Gradients,
-    TaskBuffers,
+    launch_backward_deterministic, launch_backward_main, Accumulators, BackwardTensors,
+    DevicePhysicalCsr, Gradients, TaskBuffers,
 };
 use super::attention_fwd::{launch_forward, ForwardInputs};
 use super::{CudaMsa, Metadata};
@@ -36,7 +36,11 @@ pub struct BackwardOptions {
 
 impl Metadata {
     pub(crate) fn physical_csr(&self) -> DevicePhysicalCsr<'_> {
-        DevicePhysicalCsr { row_ptr: self.phys_row_ptr(), q_indices: self.phys_q_indices(), valid: self.phys_valid() }
+        DevicePhysicalCsr {
+            row_ptr: self.phys_row_ptr(),
+            q_indices: self.phys_q_indices(),
+            valid: self.phys_valid(),
+        }
     }
 }
 
@@ -53,7 +57,18 @@ impl CudaMsa {
         let t = layout.host().total_q();
         let mut out = self.output::<bf16>(t * NUM_Q_HEADS * HEAD_DIM)?;
         let mut lse = self.output::<f32>(t * NUM_Q_HEADS)?;
-        launch_forward(self, layout, &ForwardInputs { q, k, v, topk: meta.topk() }, &mut out, &mut lse)?;
+        launch_forward(
+            self,
+            layout,
+            &ForwardInputs {
+                q,
+                k,
+                v,
+                topk: meta.topk(),
+            },
+            &mut out,
+            &mut lse,
+        )?;
         Ok(DeviceForward { out, lse })
     }
 
@@ -77,13 +92,31 @@ impl CudaMsa {
         let (t, tk) = (h.total_q(), h.total_k());
         let mut delta = self.output::<f32>(t * NUM_Q_HEADS)?;
         self.backward_delta_into(layout, out, dout, &mut delta)?;
-        let tensors = BackwardTensors { q, k, v, dout, lse, delta: &delta };
+        let tensors = BackwardTensors {
+            q,
+            k,
+            v,
+            dout,
+            lse,
+            delta: &delta,
+        };
         let mut dq = self.output::<bf16>(t * NUM_Q_HEADS * HEAD_DIM)?;
         let mut dk = self.output::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM)?;
         let mut dv = self.output::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM)?;
         if opts.deterministic {
-            let grads = Gradients { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-            launch_backward_deterministic(self, layout, &tensors, meta.topk(), &meta.physical_csr(), grads)?;
+            let grads = Gradients {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            };
+            launch_backward_deterministic(
+                self,
+                layout,
+                &tensors,
+                meta.topk(),
+                &meta.physical_csr(),
+                grads,
+            )?;
         } else {
             let tasks = self.task_build(meta)?;
             let pool = h.padded_kv_blocks() * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM;
@@ -96,7 +129,11 @@ impl CudaMsa {
                 capacity: tasks.sizes().capacity,
                 grid_launch: tasks.grid_launch(),
             };
-            let acc = Accumulators { dq: &mut dq_accum, dk_pool: &mut dk_pool, dv_pool: &mut dv_pool };
+            let acc = Accumulators {
+                dq: &mut dq_accum,
+                dk_pool: &mut dk_pool,
+                dv_pool: &mut dv_pool,
+            };
             launch_backward_main(self, layout, &tensors, &buffers, acc)?;
             self.backward_postprocess_dq_into(layout, &dq_accum, &mut dq)?;
             self.backward_postprocess_dkv_into(layout, &dk_pool, &dv_pool, &mut dk, &mut dv)?;

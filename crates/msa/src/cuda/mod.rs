@@ -57,7 +57,12 @@ impl CudaMsa {
         // One stream orders every launch and copy, so cudarc's per-buffer events add nothing.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        Ok(Self { ctx, stream, device, poison_outputs: false })
+        Ok(Self {
+            ctx,
+            stream,
+            device,
+            poison_outputs: false,
+        })
     }
 
     /// Fill every output buffer the facade allocates with [`Poison`] before kernels run.
@@ -91,7 +96,10 @@ impl CudaMsa {
         Ok(self.stream.clone_dtoh(dev)?)
     }
 
-    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<CudaSlice<T>> {
         Ok(self.stream.alloc_zeros(len.max(1))?)
     }
 

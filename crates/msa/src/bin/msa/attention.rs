@@ -31,7 +31,10 @@ pub struct Args {
 pub fn run(a: &Args) -> Result<ExitCode> {
     let choice: BackendChoice = a.backend.parse()?;
     if a.outputs.exists() && !a.force {
-        return Err(msa::MsaError::Invalid(format!("{} exists; pass --force to overwrite it", a.outputs.display())));
+        return Err(msa::MsaError::Invalid(format!(
+            "{} exists; pass --force to overwrite it",
+            a.outputs.display()
+        )));
     }
     let p = read_inputs(&a.inputs)?;
     let (backend, note) = Backend::open(choice, false)?;
@@ -48,7 +51,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         p.index.is_some(),
         backend.name()
     );
-    let opts = RunOptions { backward: true, indexer: true, kl: false, deterministic: a.deterministic, loss_coeff: 1.0 };
+    let opts = RunOptions {
+        backward: true,
+        indexer: true,
+        kl: false,
+        deterministic: a.deterministic,
+        loss_coeff: 1.0,
+    };
     let result = backend.run(&p, &opts)?;
     for st in &result.times {
         eprintln!("  {:<12} {:>10.2} ms", st.stage, st.ms);

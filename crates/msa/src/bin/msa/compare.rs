@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::Args as ClapArgs;
 use msa::check::{compare, CheckLine, CheckReport, Tolerances};
-use msa::io::read_outputs;
-use msa::Result;
+use msa::io::{read_outputs, Outputs};
+use msa::{MsaError, Result};
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
@@ -43,19 +43,62 @@ fn selection_rows(a: &[i32], e: &[i32]) -> CheckLine {
     }
 }
 
+/// Element counts of every tensor, for the size check before comparing.
+fn lengths(o: &Outputs) -> [(&'static str, Option<usize>); 9] {
+    [
+        ("out", o.out.as_ref().map(Vec::len)),
+        ("lse", o.lse.as_ref().map(Vec::len)),
+        ("dq", o.dq.as_ref().map(Vec::len)),
+        ("dk", o.dk.as_ref().map(Vec::len)),
+        ("dv", o.dv.as_ref().map(Vec::len)),
+        ("indexer_topk", o.indexer_topk.as_ref().map(Vec::len)),
+        ("indexer_lse", o.indexer_lse.as_ref().map(Vec::len)),
+        ("dqi", o.dqi.as_ref().map(Vec::len)),
+        ("dki", o.dki.as_ref().map(Vec::len)),
+    ]
+}
+
 pub fn run(a: &Args) -> Result<ExitCode> {
     let (x, y) = (read_outputs(&a.actual)?, read_outputs(&a.expected)?);
+    // Files of different calls (another T or Tk) have no element-wise comparison; the metrics
+    // below assume equal lengths, so this is an input error, not a failed check.
+    for ((name, n), (_, m)) in lengths(&x).into_iter().zip(lengths(&y)) {
+        if let (Some(n), Some(m)) = (n, m) {
+            if n != m {
+                return Err(MsaError::Invalid(format!(
+                    "`{name}` has {n} elements in {} but {m} in {}: the files are outputs of different calls",
+                    a.actual.display(),
+                    a.expected.display()
+                )));
+            }
+        }
+    }
     let tol = Tolerances::default();
     let mut r = CheckReport::default();
     if let (Some(p), Some(q)) = (&x.out, &y.out) {
-        r.push(compare::close("out", &f32s(p), &f32s(q), tol.out_atol, tol.out_rtol));
+        r.push(compare::close(
+            "out",
+            &f32s(p),
+            &f32s(q),
+            tol.out_atol,
+            tol.out_rtol,
+        ));
     }
     if let (Some(p), Some(q)) = (&x.lse, &y.lse) {
         r.push(compare::close("lse", p, q, tol.lse_atol, tol.lse_rtol));
     }
-    for (name, p, q) in [("dq", &x.dq, &y.dq), ("dk", &x.dk, &y.dk), ("dv", &x.dv, &y.dv)] {
+    for (name, p, q) in [
+        ("dq", &x.dq, &y.dq),
+        ("dk", &x.dk, &y.dk),
+        ("dv", &x.dv, &y.dv),
+    ] {
         if let (Some(p), Some(q)) = (p, q) {
-            r.push(compare::attention_grad_cosine(name, &f32s(p), &f32s(q), tol.grad_cosine));
+            r.push(compare::attention_grad_cosine(
+                name,
+                &f32s(p),
+                &f32s(q),
+                tol.grad_cosine,
+            ));
         }
     }
     for (name, p, q) in [("dqi", &x.dqi, &y.dqi), ("dki", &x.dki, &y.dki)] {
@@ -67,12 +110,29 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         r.push(selection_rows(p, q));
     }
     if let (Some(p), Some(q)) = (&x.indexer_lse, &y.indexer_lse) {
-        r.push(compare::close("indexer_lse", p, q, tol.indexer_lse_atol, tol.indexer_lse_atol));
+        r.push(compare::close(
+            "indexer_lse",
+            p,
+            q,
+            tol.indexer_lse_atol,
+            tol.indexer_lse_atol,
+        ));
     }
     if r.lines.is_empty() {
-        return Err(msa::MsaError::Invalid("the two files share no output tensor".into()));
+        return Err(MsaError::Invalid(
+            "the two files share no output tensor".into(),
+        ));
     }
-    println!("{} vs {}: {}", a.actual.display(), a.expected.display(), if r.passed() { "PASS" } else { "FAIL" });
+    println!(
+        "{} vs {}: {}",
+        a.actual.display(),
+        a.expected.display(),
+        if r.passed() { "PASS" } else { "FAIL" }
+    );
     print!("{}", r.table());
-    Ok(if r.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if r.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

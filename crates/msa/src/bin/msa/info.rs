@@ -7,10 +7,17 @@ use msa::Result;
 pub fn run() -> Result<ExitCode> {
     let archs = msa_kernels::built_archs();
     println!("msa {}", env!("CARGO_PKG_VERSION"));
-    println!("feature msa: {}", if cfg!(feature = "msa") { "on" } else { "off" });
+    println!(
+        "feature msa: {}",
+        if cfg!(feature = "msa") { "on" } else { "off" }
+    );
     println!(
         "kernel architectures: {}",
-        if archs.is_empty() { "none (built without `msa`)".to_string() } else { archs.join(", ") }
+        if archs.is_empty() {
+            "none (built without `msa`)".to_string()
+        } else {
+            archs.join(", ")
+        }
     );
     let count = match msa_probe::device_count() {
         Ok(n) => n,

@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "msa", version, about = "MiniMax Sparse Attention (MSA v1) training kernels: plan, run and check")]
+#[command(
+    name = "msa",
+    version,
+    about = "MiniMax Sparse Attention (MSA v1) training kernels: plan, run and check"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -27,21 +27,41 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     let listed = cases::manifest(&a.cases.manifest_path())?;
     println!(
         "{:<28} {:>6} {:>7} {:>5} {:>6} {:>8} {:>6} {:>7} {:>7} {:>6} {:>5} {:>6} {:>7} {:>7}",
-        "case", "T", "Tk", "frags", "rows", "edges", "target", "work", "tasks", "bins", "flags", "grid", "fwd_TF", "bwd_TF"
+        "case",
+        "T",
+        "Tk",
+        "frags",
+        "rows",
+        "edges",
+        "target",
+        "work",
+        "tasks",
+        "bins",
+        "flags",
+        "grid",
+        "fwd_TF",
+        "bwd_TF"
     );
     for spec in &specs {
         eprintln!("planning {} ...", spec.name());
         let rank = cases::rank_case(&listed, spec.case_id, spec.rank)?;
         let layout = rank.layout();
-        let topk = msa_workloads::make_topk(layout, spec.pattern, msa_workloads::case_seed(spec.case_id, spec.rank, spec.seed));
+        let topk = msa_workloads::make_topk(
+            layout,
+            spec.pattern,
+            msa_workloads::case_seed(spec.case_id, spec.rank, spec.seed),
+        );
         validate_topk(layout, &topk)?;
         let csr = build_k2q_csr(layout, &topk)?;
         let target = balanced_target_q_per_cta(layout.total_q(), a.sms);
         let items = build_work_items(layout, &csr, target)?;
         let capacity = flat_schedule_capacity(layout.total_rows(), layout.total_q(), target);
         let schedule = MSABackwardSchedule::from_plan(layout, &csr, &items, capacity)?;
-        let tasks = build_backward_tasks(&schedule, layout.total_q(), layout.workspace_rows(), a.sms)?;
-        let edges: usize = (0..4).map(|h| csr.row_ptr[h * (layout.total_rows() + 1) + layout.total_rows()] as usize).sum();
+        let tasks =
+            build_backward_tasks(&schedule, layout.total_q(), layout.workspace_rows(), a.sms)?;
+        let edges: usize = (0..4)
+            .map(|h| csr.row_ptr[h * (layout.total_rows() + 1) + layout.total_rows()] as usize)
+            .sum();
         let s = sparse_elements(layout);
         let flops = FlopModel::from_elements(s, causal_elements(layout));
         println!(

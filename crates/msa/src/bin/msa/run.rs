@@ -56,7 +56,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         eprintln!("{note}");
     }
     eprintln!("backend: {}", backend.name());
-    let opts = RunOptions { backward: true, indexer: a.indexer, kl: a.kl, deterministic: a.deterministic, loss_coeff: a.loss_coeff };
+    let opts = RunOptions {
+        backward: true,
+        indexer: a.indexer,
+        kl: a.kl,
+        deterministic: a.deterministic,
+        loss_coeff: a.loss_coeff,
+    };
     let tol = Tolerances::default();
     let listed = cases::manifest(&a.cases.manifest_path())?;
     let mut json = match &a.json {
@@ -67,7 +73,11 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     for spec in &specs {
         let t0 = Instant::now();
         eprintln!("{}: building inputs ...", spec.name());
-        let p = cases::build(&cases::rank_case(&listed, spec.case_id, spec.rank)?, spec.pattern, spec.seed);
+        let p = cases::build(
+            &cases::rank_case(&listed, spec.case_id, spec.rank)?,
+            spec.pattern,
+            spec.seed,
+        );
         eprintln!("{}: running on {} ...", spec.name(), backend.name());
         let result = backend.run(&p, &opts)?;
         let s = sparse_elements(&p.layout);
@@ -76,21 +86,42 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             mode => {
                 let full = mode == "full" || (mode == "auto" && s <= FULL_CHECK_MAX_ELEMENTS);
                 if !matches!(mode, "auto" | "full" | "sample") {
-                    return Err(MsaError::Invalid(format!("unknown --check `{mode}` (auto, full, sample, none)")));
+                    return Err(MsaError::Invalid(format!(
+                        "unknown --check `{mode}` (auto, full, sample, none)"
+                    )));
                 }
-                eprintln!("{}: checking ({}) ...", spec.name(), if backend.is_cpu() { "f64 oracle, spot" } else if full { "reference, full" } else { "reference, sampled" });
+                eprintln!(
+                    "{}: checking ({}) ...",
+                    spec.name(),
+                    if backend.is_cpu() {
+                        "f64 oracle, spot"
+                    } else if full {
+                        "reference, full"
+                    } else {
+                        "reference, sampled"
+                    }
+                );
                 if backend.is_cpu() {
                     let sample = Sample::new(&p.layout, 12, 2, spec.seed);
                     against_oracle(&p, &result.outputs, &sample, &tol, a.loss_coeff)
                 } else {
-                    let sample = if full { Sample::full(&p.layout) } else { Sample::new(&p.layout, a.sample_queries, 8, spec.seed) };
+                    let sample = if full {
+                        Sample::full(&p.layout)
+                    } else {
+                        Sample::new(&p.layout, a.sample_queries, 8, spec.seed)
+                    };
                     let kl = result.kl_indexer_lse.as_deref().map(|l| (l, a.loss_coeff));
                     against_reference(&p, &result.outputs, &sample, &tol, kl)?
                 }
             }
         };
         let flops = FlopModel::from_elements(s, msa_plan::flops::causal_elements(&p.layout));
-        println!("{} on {}: {}", spec.name(), backend.name(), if report.passed() { "PASS" } else { "FAIL" });
+        println!(
+            "{} on {}: {}",
+            spec.name(),
+            backend.name(),
+            if report.passed() { "PASS" } else { "FAIL" }
+        );
         print!("{}", report.table());
         for st in &result.times {
             let work = match st.stage {
@@ -100,7 +131,11 @@ pub fn run(a: &Args) -> Result<ExitCode> {
                 "kl_backward" => flops.kl,
                 _ => 0.0,
             };
-            let rate = if work > 0.0 { format!("  {:.1} TFLOP/s (MSA FLOP model)", work / st.ms / 1e9) } else { String::new() };
+            let rate = if work > 0.0 {
+                format!("  {:.1} TFLOP/s (MSA FLOP model)", work / st.ms / 1e9)
+            } else {
+                String::new()
+            };
             println!("  time {:<14} {:>10.2} ms{rate}", st.stage, st.ms);
         }
         println!("  total {:.1} s", t0.elapsed().as_secs_f64());
@@ -117,5 +152,9 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     if specs.len() > 1 {
         println!("{} of {} cases passed", specs.len() - failed, specs.len());
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

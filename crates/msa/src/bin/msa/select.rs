@@ -33,13 +33,19 @@ fn parse_list(what: &str, text: &str, all: impl Fn() -> Vec<u64>) -> Result<Vec<
         return Ok(all());
     }
     text.split(',')
-        .map(|s| s.trim().parse::<u64>().map_err(|_| MsaError::Invalid(format!("{what}: `{s}` is not a number"))))
+        .map(|s| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| MsaError::Invalid(format!("{what}: `{s}` is not a number")))
+        })
         .collect()
 }
 
 impl CaseArgs {
     pub fn manifest_path(&self) -> PathBuf {
-        self.manifest.clone().unwrap_or_else(|| PathBuf::from(DEV_MANIFEST))
+        self.manifest
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEV_MANIFEST))
     }
 
     /// Every (case, rank) spec selected.
@@ -52,29 +58,49 @@ impl CaseArgs {
             Some(list) => list
                 .split(',')
                 .map(|p| {
-                    let (c, r) = p
-                        .split_once(':')
-                        .ok_or_else(|| MsaError::Invalid(format!("--cases: `{p}` is not case:rank")))?;
-                    let num = |s: &str| s.trim().parse::<u64>().map_err(|_| MsaError::Invalid(format!("--cases: `{p}`")));
+                    let (c, r) = p.split_once(':').ok_or_else(|| {
+                        MsaError::Invalid(format!("--cases: `{p}` is not case:rank"))
+                    })?;
+                    let num = |s: &str| {
+                        s.trim()
+                            .parse::<u64>()
+                            .map_err(|_| MsaError::Invalid(format!("--cases: `{p}`")))
+                    };
                     Ok((num(c)?, num(r)?))
                 })
                 .collect::<Result<_>>()?,
             None => {
-                let case_ids = parse_list("--case", &self.case, || listed.iter().map(|c| c.case_id).collect())?;
+                let case_ids = parse_list("--case", &self.case, || {
+                    listed.iter().map(|c| c.case_id).collect()
+                })?;
                 let rank_ids = parse_list("--rank", &self.rank, || (0..ranks).collect())?;
-                case_ids.iter().flat_map(|&c| rank_ids.iter().map(move |&r| (c, r))).collect()
+                case_ids
+                    .iter()
+                    .flat_map(|&c| rank_ids.iter().map(move |&r| (c, r)))
+                    .collect()
             }
         };
         pairs
             .into_iter()
             .map(|(case_id, rank)| {
                 if !listed.iter().any(|c| c.case_id == case_id) {
-                    return Err(MsaError::Invalid(format!("case {case_id} is not in {}", manifest.display())));
+                    return Err(MsaError::Invalid(format!(
+                        "case {case_id} is not in {}",
+                        manifest.display()
+                    )));
                 }
                 if rank >= ranks {
-                    return Err(MsaError::Invalid(format!("rank {rank} is out of range (CP size {ranks})")));
+                    return Err(MsaError::Invalid(format!(
+                        "rank {rank} is out of range (CP size {ranks})"
+                    )));
                 }
-                Ok(CaseSpec { manifest: manifest.clone(), case_id, rank: rank as usize, pattern, seed: self.seed })
+                Ok(CaseSpec {
+                    manifest: manifest.clone(),
+                    case_id,
+                    rank: rank as usize,
+                    pattern,
+                    seed: self.seed,
+                })
             })
             .collect()
     }
