@@ -309,12 +309,12 @@ fn reference_report(got: &msa::io::Outputs, sample: &Sample) -> CheckReport {
 /// group document B's block 0 (unselected under `recent16`), its partial last block, and a
 /// block of document A. The f64 oracle stays cheap on it.
 fn probe_sample() -> Sample {
-    Sample {
-        queries: vec![0, 10, 49, 50, 149, 150, 249, 250, 326],
-        keys: (0..NUM_KV_HEADS)
+    Sample::of(
+        vec![0, 10, 49, 50, 149, 150, 249, 250, 326],
+        (0..NUM_KV_HEADS)
             .flat_map(|g| [(g, 0..128), (g, 2176..2200), (g, 2328..2456)])
             .collect(),
-    }
+    )
 }
 
 fn full_report(got: &msa::io::Outputs) -> CheckReport {
@@ -819,7 +819,7 @@ fn attended_keys_follow_selection_and_causality() {
 fn sample_covers_fragment_edges_and_the_first_stored_block() {
     let l = cp_layout();
     let s = Sample::new(&l, 16, 3, 7);
-    assert!(!s.is_full(&l));
+    assert!(!s.is_full());
     assert!(
         s.queries.windows(2).all(|w| w[0] < w[1]),
         "sorted and unique: {:?}",
@@ -864,7 +864,7 @@ fn sample_covers_fragment_edges_and_the_first_stored_block() {
     assert_eq!(s, Sample::new(&l, 16, 3, 7), "seeded");
 
     let full = Sample::full(&l);
-    assert!(full.is_full(&l));
+    assert!(full.is_full());
     assert_eq!(full.queries, (0..l.total_q()).collect::<Vec<_>>());
     assert_eq!(
         full.keys,

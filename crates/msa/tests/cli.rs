@@ -557,4 +557,19 @@ fn compare_passes_identical_outputs_and_fails_a_perturbed_one() {
             .ends_with("cli-cmp-out.safetensors: the files are outputs of different calls"),
         "{err}"
     );
+
+    // A tensor the expected file has and the tested file lacks fails the comparison.
+    let mut forward_only = read_outputs(&out).unwrap();
+    forward_only.dq = None;
+    let partial = tmp("cmp-forward-only.safetensors");
+    write_outputs(&partial, &forward_only, false).unwrap();
+    let o = msa(&["compare", s(&partial), s(&out)]);
+    expect_exit(&o, 1);
+    let text = stdout(&o);
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with("dq")
+            && l.contains("missing")
+            && l.contains("FAIL")),
+        "{text}"
+    );
 }

@@ -20,7 +20,8 @@ fn refd(e: msa_ref::RefError) -> MsaError {
     MsaError::Invalid(format!("reference: {e}"))
 }
 
-/// Sampled queries whose indexer ranking is checked against full reference block scores.
+/// Sampled queries (evenly spread over the sample) whose indexer ranking is checked against
+/// full reference block scores.
 const RANKED_QUERIES: usize = 8;
 const Q_ROW: usize = NUM_Q_HEADS * HEAD_DIM;
 const KV_ROW: usize = NUM_KV_HEADS * HEAD_DIM;
@@ -42,7 +43,7 @@ pub fn against_reference(
         v: &p.v,
         topk: &p.topk_indices,
     };
-    let full = sample.is_full(l);
+    let full = sample.is_full();
     let qs = &sample.queries;
     let mut r = CheckReport::default();
 
@@ -146,7 +147,11 @@ pub fn against_reference(
         r.push(structure::indexer_selection(l, itopk));
         let t = l.total_q();
         // Block scores scan a query's whole document: rank the first few sampled queries only.
-        let ranked = &qs[..qs.len().min(RANKED_QUERIES)];
+        let ranked: Vec<usize> = qs
+            .iter()
+            .copied()
+            .step_by(qs.len().div_ceil(RANKED_QUERIES).max(1))
+            .collect();
         let gaps: Vec<f64> = ranked
             .par_iter()
             .flat_map_iter(|&q| (0..NUM_INDEX_HEADS).map(move |g| (q, g)))

@@ -12,6 +12,7 @@ use msa_workloads::Rng;
 pub struct Sample {
     pub queries: Vec<usize>,
     pub keys: Vec<(usize, Range<usize>)>,
+    full: bool,
 }
 
 impl Sample {
@@ -38,7 +39,7 @@ impl Sample {
         let (start, count) = layout.physical_block_keys();
         let stored: Vec<usize> = (0..start.len()).filter(|&pb| count[pb] > 0).collect();
         let mut keys = Vec::new();
-        for g in 0..NUM_KV_HEADS {
+        for g in (0..NUM_KV_HEADS).filter(|_| !stored.is_empty()) {
             let mut picks = vec![stored[0]];
             if let Some(partial) = stored.iter().find(|&&pb| count[pb] < 128) {
                 picks.push(*partial);
@@ -53,7 +54,20 @@ impl Sample {
                 keys.push((g, s..s + count[pb] as usize));
             }
         }
-        Self { queries: qs, keys }
+        Self {
+            queries: qs,
+            keys,
+            full: false,
+        }
+    }
+
+    /// A hand-picked sample (never counted as full).
+    pub fn of(queries: Vec<usize>, keys: Vec<(usize, Range<usize>)>) -> Self {
+        Self {
+            queries,
+            keys,
+            full: false,
+        }
     }
 
     /// Every query and every key row (a full check).
@@ -63,11 +77,13 @@ impl Sample {
             keys: (0..NUM_KV_HEADS)
                 .map(|g| (g, 0..layout.total_k()))
                 .collect(),
+            full: true,
         }
     }
 
-    pub fn is_full(&self, layout: &VarlenLayout) -> bool {
-        self.queries.len() == layout.total_q()
+    /// Built by [`Sample::full`]: the check covers every output element.
+    pub fn is_full(&self) -> bool {
+        self.full
     }
 }
 

@@ -75,6 +75,19 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     }
     let tol = Tolerances::default();
     let mut r = CheckReport::default();
+    // A tensor the expected file has and the file under test lacks is a failure, not a skip.
+    for ((name, n), (_, m)) in lengths(&x).into_iter().zip(lengths(&y)) {
+        if n.is_none() && m.is_some() {
+            r.push(CheckLine {
+                tensor: name.into(),
+                metric: "missing",
+                value: 1.0,
+                limit: 0.0,
+                passed: false,
+                detail: format!("absent from {}", a.actual.display()),
+            });
+        }
+    }
     if let (Some(p), Some(q)) = (&x.out, &y.out) {
         r.push(compare::close(
             "out",

@@ -35,7 +35,8 @@ pub struct Args {
     /// the case is small, else a sample of queries and key blocks).
     #[arg(long, default_value = "auto")]
     pub check: String,
-    /// Queries in a sampled check.
+    /// Queries in a sampled check against the reference (the CPU backend's f64 spot check
+    /// always looks at 12).
     #[arg(long, default_value_t = 256)]
     pub sample_queries: usize,
     #[arg(long, default_value_t = 1.0)]
@@ -49,6 +50,12 @@ pub struct Args {
 const FULL_CHECK_MAX_ELEMENTS: u64 = 4_000_000;
 
 pub fn run(a: &Args) -> Result<ExitCode> {
+    if !matches!(a.check.as_str(), "auto" | "full" | "sample" | "none") {
+        return Err(MsaError::Invalid(format!(
+            "unknown --check `{}` (auto, full, sample, none)",
+            a.check
+        )));
+    }
     let specs = a.cases.specs()?;
     let choice: BackendChoice = a.backend.parse()?;
     let (backend, note) = Backend::open(choice, true)?;
@@ -85,11 +92,6 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             "none" => CheckReport::default(),
             mode => {
                 let full = mode == "full" || (mode == "auto" && s <= FULL_CHECK_MAX_ELEMENTS);
-                if !matches!(mode, "auto" | "full" | "sample") {
-                    return Err(MsaError::Invalid(format!(
-                        "unknown --check `{mode}` (auto, full, sample, none)"
-                    )));
-                }
                 eprintln!(
                     "{}: checking ({}) ...",
                     spec.name(),
