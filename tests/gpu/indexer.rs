@@ -109,7 +109,7 @@ fn check(
     let ii = IndexerInputs { layout, qi, ki };
     let mut r = CheckReport::default();
     r.push(structure::indexer_selection(layout, &topk));
-    r.push(structure::finite("indexer_lse", lse.iter().copied()));
+    r.push(structure::finite("indexer_lse", &lse));
     let shortfall = rank_shortfall(&ii, &topk, queries);
     r.push(CheckLine {
         tensor: "indexer_topk".into(),

@@ -58,7 +58,7 @@ pub fn against_reference(
         attention::forward_queries(&inputs, qs)
     }
     .map_err(refd)?;
-    r.push(structure::finite("out", out.iter().map(|x| x.to_f32())));
+    r.push(structure::finite("out", out));
     r.push(compare::close(
         "out",
         &gather_rows(out, Q_ROW, qs.iter().copied()),
@@ -77,7 +77,7 @@ pub fn against_reference(
     if let (Some(dout), Some(dq), Some(dk), Some(dv)) = (&p.dout, &got.dq, &got.dk, &got.dv) {
         let attended = structure::attended_keys(l, &p.topk_indices);
         for (name, g) in [("dq", dq), ("dk", dk), ("dv", dv)] {
-            r.push(structure::finite(name, g.iter().map(|x| x.to_f32())));
+            r.push(structure::finite(name, g));
         }
         for (name, g) in [("dk", dk), ("dv", dv)] {
             r.push(compare::zeros(
@@ -197,8 +197,8 @@ pub fn against_reference(
     if let (Some(index), Some(dqi), Some(dki), Some((indexer_lse, loss_coeff))) =
         (&p.index, &got.dqi, &got.dki, kl_inputs)
     {
-        r.push(structure::finite("dqi", dqi.iter().map(|x| x.to_f32())));
-        r.push(structure::finite("dki", dki.iter().map(|x| x.to_f32())));
+        r.push(structure::finite("dqi", dqi));
+        r.push(structure::finite("dki", dki));
         let (ref_dqi, ref_dki) = if full {
             let g = kl::kl_backward(&inputs, lse, &index.qi, &index.ki, indexer_lse, loss_coeff)
                 .map_err(refd)?;

@@ -4,29 +4,40 @@
 use msa_plan::topology::{BLOCK_SIZE, NUM_INDEX_HEADS, NUM_KV_HEADS, TOPK_BLOCKS};
 use msa_plan::VarlenLayout;
 
+use rayon::prelude::*;
+
 use super::CheckLine;
 
-/// `[Tk, 4]`: whether any query of group g selected the block holding packed key row r (and
-/// the key lies at or before that query's position, else its gradient is exactly zero too).
+/// `[Tk, 4]`: whether any query of group g selected the block holding packed key row r and sits
+/// at or after the key (else the key's gradient is exactly zero).
 pub fn attended_keys(layout: &VarlenLayout, topk: &[i32]) -> Vec<bool> {
     let t = layout.total_q();
-    let mut seen = vec![false; layout.total_k() * NUM_KV_HEADS];
-    for g in 0..NUM_KV_HEADS {
-        for q in 0..t {
-            let (b, _, p) = layout.query_coords(q);
-            let f = layout.fragment(b);
+    // Per (physical block, group): the furthest key offset any selecting query sees.
+    let mut reach = vec![-1i32; layout.padded_kv_blocks() * NUM_KV_HEADS];
+    for q in 0..t {
+        let (b, _, p) = layout.query_coords(q);
+        let f = layout.fragment(b);
+        for g in 0..NUM_KV_HEADS {
             for &e in &topk[(g * t + q) * TOPK_BLOCKS..][..TOPK_BLOCKS] {
                 if e < 0 || e as usize >= f.num_blocks {
                     continue;
                 }
-                let first = e as usize * BLOCK_SIZE;
-                for j in first..(first + BLOCK_SIZE).min(p + 1) {
-                    seen[(f.k_base + j) * NUM_KV_HEADS + g] = true;
-                }
+                let seen = (p - e as usize * BLOCK_SIZE).min(BLOCK_SIZE - 1) as i32;
+                let r = &mut reach[layout.physical_block(b, e as usize) * NUM_KV_HEADS + g];
+                *r = (*r).max(seen);
             }
         }
     }
-    seen
+    let (start, count) = layout.physical_block_keys();
+    let mut attended = vec![false; layout.total_k() * NUM_KV_HEADS];
+    for (pb, (&s, &c)) in start.iter().zip(&count).enumerate() {
+        for r in 0..c {
+            for g in 0..NUM_KV_HEADS {
+                attended[(s + r) as usize * NUM_KV_HEADS + g] = r <= reach[pb * NUM_KV_HEADS + g];
+            }
+        }
+    }
+    attended
 }
 
 /// Indexer selection rules (contract §3.1): per (head, query) exactly min(p/128+1, 16) valid
@@ -65,18 +76,17 @@ pub fn indexer_selection(layout: &VarlenLayout, topk: &[i32]) -> CheckLine {
 }
 
 /// Non-finite elements: a poisoned output nobody wrote shows up here.
-pub fn finite(tensor: &str, values: impl IntoIterator<Item = f32>) -> CheckLine {
-    let (mut n, mut bad) = (0usize, 0usize);
-    for v in values {
-        n += 1;
-        bad += !v.is_finite() as usize;
-    }
+pub fn finite<T: Copy + Into<f32> + Sync>(tensor: &str, values: &[T]) -> CheckLine {
+    let bad = values
+        .par_iter()
+        .filter(|v| !(**v).into().is_finite())
+        .count();
     CheckLine {
         tensor: tensor.into(),
         metric: "non_finite",
         value: bad as f64,
         limit: 0.0,
         passed: bad == 0,
-        detail: format!("n {n}"),
+        detail: format!("n {}", values.len()),
     }
 }
