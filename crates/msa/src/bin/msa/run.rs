@@ -133,10 +133,13 @@ pub fn run(a: &Args) -> Result<ExitCode> {
                 "kl_backward" => flops.kl,
                 _ => 0.0,
             };
-            let rate = if work > 0.0 {
-                format!("  {:.1} TFLOP/s (MSA FLOP model)", work / st.ms / 1e9)
-            } else {
+            let tflops = work / st.ms / 1e9;
+            let rate = if work == 0.0 {
                 String::new()
+            } else if tflops >= 1.0 {
+                format!("  {tflops:.1} TFLOP/s (MSA FLOP model)")
+            } else {
+                format!("  {:.1} GFLOP/s (MSA FLOP model)", tflops * 1e3)
             };
             println!("  time {:<14} {:>10.2} ms{rate}", st.stage, st.ms);
         }
