@@ -3,6 +3,12 @@
 //! `info` and `run --backend cuda` describe a build without the `msa` feature; every other
 //! command here runs on the CPU backend and holds with either build.
 
+mod fixture;
+
+use fixture::{encode, i32_bytes};
+
+/// (name, dtype, shape, little-endian bytes) of one tensor.
+type Raw = (&'static str, &'static str, Vec<usize>, Vec<u8>);
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -255,37 +261,6 @@ fn bad_case_arguments_are_rejected_with_the_reason() {
 }
 
 // ---- attention and compare --------------------------------------------------------------------
-
-/// (name, dtype, shape, little-endian bytes) of one tensor.
-type Raw = (&'static str, &'static str, Vec<usize>, Vec<u8>);
-
-/// A safetensors file written without msa-rs or the safetensors crate: 8-byte little-endian
-/// header length, the JSON header (padded with spaces to 8 bytes), then the data.
-fn encode(tensors: &[Raw]) -> Vec<u8> {
-    let mut header = String::from("{");
-    let mut data = Vec::new();
-    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
-        let begin = data.len();
-        data.extend_from_slice(bytes);
-        let sep = if i == 0 { "" } else { "," };
-        header += &format!(
-            r#"{sep}"{name}":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[{begin},{}]}}"#,
-            data.len()
-        );
-    }
-    header.push('}');
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend_from_slice(header.as_bytes());
-    file.extend_from_slice(&data);
-    file
-}
-
-fn i32_bytes(x: &[i32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
 
 /// `n` bf16 values in [-0.5, 0.5) from a 64-bit LCG, as little-endian bytes.
 fn noise(n: usize, seed: u64) -> Vec<u8> {

@@ -1,6 +1,9 @@
 //! safetensors I/O (`msa::io`): round trips, a file built byte by byte without msa-rs or the
 //! safetensors crate, and every rejection.
 
+mod fixture;
+
+use fixture::{encode, i32_bytes};
 use std::path::PathBuf;
 
 use half::bf16;
@@ -30,32 +33,6 @@ type Raw = (String, &'static str, Vec<usize>, Vec<u8>);
 
 fn bf16_bytes(x: &[bf16]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect()
-}
-fn i32_bytes(x: &[i32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-/// 8-byte little-endian header length, a JSON header padded with spaces to 8 bytes, the data.
-fn encode(tensors: &[Raw]) -> Vec<u8> {
-    let mut header = String::from("{");
-    let mut data = Vec::new();
-    for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
-        let begin = data.len();
-        data.extend_from_slice(bytes);
-        let sep = if i == 0 { "" } else { "," };
-        header += &format!(
-            r#"{sep}"{name}":{{"dtype":"{dtype}","shape":{shape:?},"data_offsets":[{begin},{}]}}"#,
-            data.len()
-        );
-    }
-    header.push('}');
-    while header.len() % 8 != 0 {
-        header.push(' ');
-    }
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend_from_slice(header.as_bytes());
-    file.extend_from_slice(&data);
-    file
 }
 
 // T = 5 queries in two fragments of one document over Tk = 7 packed keys (B = 2).
