@@ -6,11 +6,10 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 use msa_kernels::launch::attention::{BackwardInputs, PhysicalCsr, TaskTables};
 use msa_plan::backward::abi::{DESC_WORDS, META_WORDS, TASK_QUERIES};
-use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS};
 
-use super::attention_fwd::check_buf;
+use super::layout::Shape;
 use super::{CudaMsa, DeviceLayout};
-use crate::error::{MsaError, Result};
+use crate::error::{check_len, MsaError, Result};
 
 /// Inputs of every backward kernel: q, dout `[T, 64, 128]` and k, v `[Tk, 4, 128]` (bf16), the
 /// forward's lse and delta = rowsum(dout · out) `[T, 64]` (f32).
@@ -25,34 +24,12 @@ pub(crate) struct BackwardTensors<'a> {
 
 impl BackwardTensors<'_> {
     fn check(&self, layout: &DeviceLayout) -> Result<()> {
-        let h = layout.host();
-        let (t, tk) = (h.total_q(), h.total_k());
-        check_buf(
-            "q",
-            self.q.len(),
-            t * NUM_Q_HEADS * HEAD_DIM,
-            "[T, 64, 128] bf16",
-        )?;
-        check_buf(
-            "k",
-            self.k.len(),
-            tk * NUM_KV_HEADS * HEAD_DIM,
-            "[Tk, 4, 128] bf16",
-        )?;
-        check_buf(
-            "v",
-            self.v.len(),
-            tk * NUM_KV_HEADS * HEAD_DIM,
-            "[Tk, 4, 128] bf16",
-        )?;
-        check_buf(
-            "dout",
-            self.dout.len(),
-            t * NUM_Q_HEADS * HEAD_DIM,
-            "[T, 64, 128] bf16",
-        )?;
-        check_buf("lse", self.lse.len(), t * NUM_Q_HEADS, "[T, 64] f32")?;
-        check_buf("delta", self.delta.len(), t * NUM_Q_HEADS, "[T, 64] f32")
+        layout.check("q", self.q, Shape::Queries)?;
+        layout.check("k", self.k, Shape::Keys)?;
+        layout.check("v", self.v, Shape::Keys)?;
+        layout.check("dout", self.dout, Shape::Queries)?;
+        layout.check("lse", self.lse, Shape::QueryHeads)?;
+        layout.check("delta", self.delta, Shape::QueryHeads)
     }
 
     /// Device addresses. With event tracking off (one stream orders everything) the guards of
@@ -99,9 +76,8 @@ pub(crate) fn launch_backward_main(
     acc: Accumulators<'_>,
 ) -> Result<()> {
     inputs.check(layout)?;
-    let h = layout.host();
     let cap = tasks.capacity;
-    check_buf(
+    check_len(
         "task tables",
         tasks.tables.len(),
         cap * (META_WORDS + 2 * TASK_QUERIES),
@@ -119,15 +95,9 @@ pub(crate) fn launch_backward_main(
         expected: "at most i32::MAX CTAs".into(),
         got: tasks.grid_launch.to_string(),
     })?;
-    let pool = h.padded_kv_blocks() * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM;
-    check_buf(
-        "dq_accum",
-        acc.dq.len(),
-        h.total_q() * NUM_Q_HEADS * HEAD_DIM,
-        "[T, 64, 128] f32",
-    )?;
-    check_buf("dk_pool", acc.dk_pool.len(), pool, "[W, 4, 128] f32")?;
-    check_buf("dv_pool", acc.dv_pool.len(), pool, "[W, 4, 128] f32")?;
+    layout.check("dq_accum", acc.dq, Shape::Queries)?;
+    layout.check("dk_pool", acc.dk_pool, Shape::Pool)?;
+    layout.check("dv_pool", acc.dv_pool, Shape::Pool)?;
 
     let s = msa.stream();
     let varlen = layout.varlen(msa);
@@ -169,6 +139,14 @@ pub(crate) struct DevicePhysicalCsr<'a> {
     pub valid: &'a CudaSlice<i32>,
 }
 
+impl DevicePhysicalCsr<'_> {
+    pub(crate) fn check(&self, layout: &DeviceLayout) -> Result<()> {
+        layout.check("phys_row_ptr", self.row_ptr, Shape::PhysicalRows)?;
+        layout.check("phys_q_indices", self.q_indices, Shape::Selection)?;
+        layout.check("phys_valid", self.valid, Shape::Selection)
+    }
+}
+
 /// bf16 gradients, written in full by the deterministic backward: dq `[T, 64, 128]`, dk and dv
 /// `[Tk, 4, 128]` (key rows nobody selected get exact zeros).
 pub(crate) struct Gradients<'a> {
@@ -188,50 +166,11 @@ pub(crate) fn launch_backward_deterministic(
     grads: Gradients<'_>,
 ) -> Result<()> {
     inputs.check(layout)?;
-    let h = layout.host();
-    let (t, tk, p) = (h.total_q(), h.total_k(), h.padded_kv_blocks());
-    check_buf(
-        "topk_indices",
-        topk.len(),
-        NUM_KV_HEADS * t * TOPK_BLOCKS,
-        "[4, T, 16] i32",
-    )?;
-    check_buf(
-        "phys_row_ptr",
-        csr.row_ptr.len(),
-        NUM_KV_HEADS * (p + 1),
-        "[4, P + 1] i32",
-    )?;
-    check_buf(
-        "phys_q_indices",
-        csr.q_indices.len(),
-        NUM_KV_HEADS * t * TOPK_BLOCKS,
-        "[4, T·16] i32",
-    )?;
-    check_buf(
-        "phys_valid",
-        csr.valid.len(),
-        NUM_KV_HEADS * t * TOPK_BLOCKS,
-        "[4, T·16] i32",
-    )?;
-    check_buf(
-        "dq",
-        grads.dq.len(),
-        t * NUM_Q_HEADS * HEAD_DIM,
-        "[T, 64, 128] bf16",
-    )?;
-    check_buf(
-        "dk",
-        grads.dk.len(),
-        tk * NUM_KV_HEADS * HEAD_DIM,
-        "[Tk, 4, 128] bf16",
-    )?;
-    check_buf(
-        "dv",
-        grads.dv.len(),
-        tk * NUM_KV_HEADS * HEAD_DIM,
-        "[Tk, 4, 128] bf16",
-    )?;
+    layout.check("topk_indices", topk, Shape::Selection)?;
+    csr.check(layout)?;
+    layout.check("dq", grads.dq, Shape::Queries)?;
+    layout.check("dk", grads.dk, Shape::Keys)?;
+    layout.check("dv", grads.dv, Shape::Keys)?;
 
     let s = msa.stream();
     let varlen = layout.varlen(msa);

@@ -2,24 +2,10 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use msa_plan::topology::{HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS};
 
+use super::layout::Shape;
 use super::{CudaMsa, DeviceLayout};
-use crate::error::{check_len, Result};
-
-/// Checks a device buffer against `expected` elements; [`CudaMsa`] allocates at least one
-/// element, so an empty tensor arrives as a 1-element buffer.
-pub(crate) fn check_buf(
-    name: &'static str,
-    got: usize,
-    expected: usize,
-    shape: &str,
-) -> Result<()> {
-    if expected == 0 && got == 1 {
-        return Ok(());
-    }
-    check_len(name, got, expected, shape)
-}
+use crate::error::Result;
 
 /// The forward's inputs: q `[T, 64, 128]`, k and v `[Tk, 4, 128]` (bf16), and the validated
 /// top-k `[4, T, 16]` (i32; `prepare` rejects invalid selections before any launch, and the
@@ -40,39 +26,12 @@ pub(crate) fn launch_forward(
     out: &mut CudaSlice<bf16>,
     lse: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    let h = layout.host();
-    let (t, tk) = (h.total_q(), h.total_k());
-    check_buf(
-        "q",
-        inputs.q.len(),
-        t * NUM_Q_HEADS * HEAD_DIM,
-        "[T, 64, 128] bf16",
-    )?;
-    check_buf(
-        "k",
-        inputs.k.len(),
-        tk * NUM_KV_HEADS * HEAD_DIM,
-        "[Tk, 4, 128] bf16",
-    )?;
-    check_buf(
-        "v",
-        inputs.v.len(),
-        tk * NUM_KV_HEADS * HEAD_DIM,
-        "[Tk, 4, 128] bf16",
-    )?;
-    check_buf(
-        "topk_indices",
-        inputs.topk.len(),
-        NUM_KV_HEADS * t * TOPK_BLOCKS,
-        "[4, T, 16] i32",
-    )?;
-    check_buf(
-        "out",
-        out.len(),
-        t * NUM_Q_HEADS * HEAD_DIM,
-        "[T, 64, 128] bf16",
-    )?;
-    check_buf("lse", lse.len(), t * NUM_Q_HEADS, "[T, 64] f32")?;
+    layout.check("q", inputs.q, Shape::Queries)?;
+    layout.check("k", inputs.k, Shape::Keys)?;
+    layout.check("v", inputs.v, Shape::Keys)?;
+    layout.check("topk_indices", inputs.topk, Shape::Selection)?;
+    layout.check("out", out, Shape::Queries)?;
+    layout.check("lse", lse, Shape::QueryHeads)?;
 
     let s = msa.stream();
     let varlen = layout.varlen(msa);

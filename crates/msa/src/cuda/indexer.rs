@@ -3,9 +3,9 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 use msa_kernels::launch;
-use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS, TOPK_BLOCKS};
+use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
 
-use super::attention_fwd::check_buf;
+use super::layout::Shape;
 use super::{CudaMsa, DeviceLayout};
 use crate::error::Result;
 
@@ -22,14 +22,9 @@ impl CudaMsa {
         ki: &CudaSlice<bf16>,
     ) -> Result<(CudaSlice<i32>, CudaSlice<f32>)> {
         let h = layout.host();
-        let (t, tk) = (h.total_q(), h.total_k());
-        check_buf(
-            "qi",
-            qi.len(),
-            t * NUM_INDEX_HEADS * INDEX_DIM,
-            "[T, 4, 128] bf16",
-        )?;
-        check_buf("ki", ki.len(), tk * INDEX_DIM, "[Tk, 1, 128] bf16")?;
+        let t = h.total_q();
+        layout.check("qi", qi, Shape::IndexQueries)?;
+        layout.check("ki", ki, Shape::IndexKeys)?;
         let mut topk = self.output::<i32>(NUM_INDEX_HEADS * t * TOPK_BLOCKS)?;
         let mut lse = self.output::<f32>(NUM_INDEX_HEADS * t)?;
 

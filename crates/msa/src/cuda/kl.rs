@@ -6,12 +6,10 @@ use half::bf16;
 use msa_kernels::launch;
 use msa_kernels::launch::attention::PhysicalCsr;
 use msa_kernels::launch::kl::KlInputs as KernelInputs;
-use msa_plan::topology::{
-    HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS,
-};
+use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS};
 
 use super::attention_bwd::DevicePhysicalCsr;
-use super::attention_fwd::check_buf;
+use super::layout::Shape;
 use super::{CudaMsa, DeviceLayout, Metadata};
 use crate::error::Result;
 
@@ -30,39 +28,12 @@ pub struct KlInputs<'a> {
 
 impl KlInputs<'_> {
     fn check(&self, layout: &DeviceLayout) -> Result<()> {
-        let h = layout.host();
-        let (t, tk) = (h.total_q(), h.total_k());
-        check_buf(
-            "q",
-            self.q.len(),
-            t * NUM_Q_HEADS * HEAD_DIM,
-            "[T, 64, 128] bf16",
-        )?;
-        check_buf(
-            "k",
-            self.k.len(),
-            tk * NUM_KV_HEADS * HEAD_DIM,
-            "[Tk, 4, 128] bf16",
-        )?;
-        check_buf(
-            "teacher_lse",
-            self.teacher_lse.len(),
-            t * NUM_Q_HEADS,
-            "[T, 64] f32",
-        )?;
-        check_buf(
-            "qi",
-            self.qi.len(),
-            t * NUM_INDEX_HEADS * INDEX_DIM,
-            "[T, 4, 128] bf16",
-        )?;
-        check_buf("ki", self.ki.len(), tk * INDEX_DIM, "[Tk, 1, 128] bf16")?;
-        check_buf(
-            "indexer_lse",
-            self.indexer_lse.len(),
-            NUM_INDEX_HEADS * t,
-            "[4, T] f32",
-        )
+        layout.check("q", self.q, Shape::Queries)?;
+        layout.check("k", self.k, Shape::Keys)?;
+        layout.check("teacher_lse", self.teacher_lse, Shape::QueryHeads)?;
+        layout.check("qi", self.qi, Shape::IndexQueries)?;
+        layout.check("ki", self.ki, Shape::IndexKeys)?;
+        layout.check("indexer_lse", self.indexer_lse, Shape::IndexHeads)
     }
 }
 
@@ -115,30 +86,10 @@ pub(crate) fn launch_kl_backward(
     dki: &mut CudaSlice<bf16>,
 ) -> Result<()> {
     inputs.check(layout)?;
-    let h = layout.host();
-    let (t, tk, p) = (h.total_q(), h.total_k(), h.padded_kv_blocks());
-    let edges = NUM_INDEX_HEADS * t * TOPK_BLOCKS;
-    check_buf("topk_indices", topk.len(), edges, "[4, T, 16] i32")?;
-    check_buf(
-        "phys_row_ptr",
-        csr.row_ptr.len(),
-        NUM_INDEX_HEADS * (p + 1),
-        "[4, P + 1] i32",
-    )?;
-    check_buf(
-        "phys_q_indices",
-        csr.q_indices.len(),
-        edges,
-        "[4, T·16] i32",
-    )?;
-    check_buf("phys_valid", csr.valid.len(), edges, "[4, T·16] i32")?;
-    check_buf(
-        "dqi",
-        dqi.len(),
-        t * NUM_INDEX_HEADS * INDEX_DIM,
-        "[T, 4, 128] bf16",
-    )?;
-    check_buf("dki", dki.len(), tk * INDEX_DIM, "[Tk, 1, 128] bf16")?;
+    layout.check("topk_indices", topk, Shape::Selection)?;
+    csr.check(layout)?;
+    layout.check("dqi", dqi, Shape::IndexQueries)?;
+    layout.check("dki", dki, Shape::IndexKeys)?;
 
     let varlen = layout.varlen(msa);
     let bytes = launch::kl::workspace_bytes(varlen)?;

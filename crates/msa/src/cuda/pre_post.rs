@@ -6,10 +6,10 @@
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use msa_kernels::launch;
-use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
 
+use super::layout::Shape;
 use super::{dptr, CudaMsa, DeviceLayout};
-use crate::error::{check_len, Result};
+use crate::error::Result;
 
 impl CudaMsa {
     /// `delta[t, h] = Σ_d out[t, h, d]·dout[t, h, d]` in fp32 (`out`, `dout` bf16 `[T, 64, 128]`,
@@ -22,14 +22,9 @@ impl CudaMsa {
         delta: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let t = layout.host().total_q();
-        check_len("out", out.len(), t * NUM_Q_HEADS * HEAD_DIM, "[T, 64, 128]")?;
-        check_len(
-            "dout",
-            dout.len(),
-            t * NUM_Q_HEADS * HEAD_DIM,
-            "[T, 64, 128]",
-        )?;
-        check_len("delta", delta.len(), t * NUM_Q_HEADS, "[T, 64]")?;
+        layout.check("out", out, Shape::Queries)?;
+        layout.check("dout", dout, Shape::Queries)?;
+        layout.check("delta", delta, Shape::QueryHeads)?;
         let s = self.stream();
         // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
         unsafe {
@@ -51,9 +46,8 @@ impl CudaMsa {
         dq_accum: &CudaSlice<f32>,
         dq: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        let n = layout.host().total_q() * NUM_Q_HEADS * HEAD_DIM;
-        check_len("dq_accum", dq_accum.len(), n, "[T, 64, 128]")?;
-        check_len("dq", dq.len(), n, "[T, 64, 128]")?;
+        layout.check("dq_accum", dq_accum, Shape::Queries)?;
+        layout.check("dq", dq, Shape::Queries)?;
         let s = self.stream();
         // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
         unsafe {
@@ -77,14 +71,10 @@ impl CudaMsa {
         dk: &mut CudaSlice<bf16>,
         dv: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        let host = layout.host();
-        let row = NUM_KV_HEADS * HEAD_DIM;
-        let pool = host.padded_kv_blocks() * BLOCK_SIZE * row;
-        let grad = host.total_k() * row;
-        check_len("dk_pool", dk_pool.len(), pool, "[W, 4, 128]")?;
-        check_len("dv_pool", dv_pool.len(), pool, "[W, 4, 128]")?;
-        check_len("dk", dk.len(), grad, "[Tk, 4, 128]")?;
-        check_len("dv", dv.len(), grad, "[Tk, 4, 128]")?;
+        layout.check("dk_pool", dk_pool, Shape::Pool)?;
+        layout.check("dv_pool", dv_pool, Shape::Pool)?;
+        layout.check("dk", dk, Shape::Keys)?;
+        layout.check("dv", dv, Shape::Keys)?;
         let s = self.stream();
         // SAFETY: sizes checked above; the layout's block tables are device arrays of
         // padded_kv_blocks entries (the launcher rejects misaligned pointers).

@@ -13,8 +13,9 @@ use msa_plan::schedule::{balanced_target_q_per_cta, flat_schedule_capacity, WORK
 use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
 use msa_plan::{first_topk_fault, validate_topk};
 
+use super::layout::Shape;
 use super::{dptr, CudaMsa, DeviceLayout};
-use crate::error::{check_len, MsaError, Result};
+use crate::error::{MsaError, Result};
 
 /// Words of the validation result `(code, head, query, slot)`.
 const ERROR_WORDS: usize = 4;
@@ -181,7 +182,7 @@ impl CudaMsa {
             host.batch(),
         );
         let edges = NUM_INDEX_HEADS * t * TOPK_BLOCKS;
-        check_len("topk_indices", topk.len(), edges, "[4, T, 16]")?;
+        layout.check("topk_indices", &topk, Shape::Selection)?;
         let target_q_per_cta = balanced_target_q_per_cta(t, self.device().sm_count as usize);
         let work_capacity = flat_schedule_capacity(rows, t, target_q_per_cta);
         let work_capacity_i32 =
