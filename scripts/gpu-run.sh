@@ -66,7 +66,7 @@ torch_interop() {
 }
 
 timings() {
-    "$here/msa" run --backend cuda --cases "${MSA_TIMING_CASES:-151:11,37:11,605:7,434:3}" \
+    "$here/msa" run --backend cuda --cases "${MSA_TIMING_CASES:-151:7,434:2,605:13,157:13}" \
         --pattern "${MSA_TIMING_PATTERN:-recent16}" --indexer --kl --check sample \
         --json "$out/timings.jsonl" 2>&1 | tee "$out/timings.log"
     return "${PIPESTATUS[0]}"

@@ -31,7 +31,7 @@ fn full_check(name: &str, cuda: &Backend, p: &AttentionFile, opts: &RunOptions) 
     } else {
         Sample::new(&p.layout, 64, 4, p.layout.total_q() as u64)
     };
-    against_reference(p, &result.outputs, &sample, &Tolerances::default(), kl).expect("reference")
+    against_reference(p, &result.outputs, &sample, &Tolerances::strict(), kl).expect("reference")
 }
 
 /// Every edge layout under every selection of the harness (recent, random with -1 holes, the

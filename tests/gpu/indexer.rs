@@ -102,7 +102,7 @@ fn check(
     ki: &[bf16],
     queries: &[usize],
 ) -> CheckReport {
-    let tol = Tolerances::default();
+    let tol = Tolerances::strict();
     let t = layout.total_q();
     let (topk, lse) = run(msa, layout, qi, ki);
     let (topk2, lse2) = run(msa, layout, qi, ki);

@@ -147,7 +147,7 @@ fn check(
     sample: &Sample,
     prefix: &str,
 ) -> CheckReport {
-    let tol = Tolerances::default();
+    let tol = Tolerances::strict();
     let layout = &case.layout;
     let (t, tk) = (layout.total_q(), layout.total_k());
     let runs = run(msa, dl, case, 2);

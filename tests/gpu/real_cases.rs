@@ -28,7 +28,7 @@ fn range(len: usize) -> std::ops::Range<usize> {
 fn real_cases_every_pattern() {
     let cuda = Backend::Cuda(harness::open_device());
     let listed = cases::manifest(DEV_MANIFEST.as_ref()).expect("dev manifest");
-    let tol = Tolerances::default();
+    let tol = Tolerances::strict();
     let opts = RunOptions {
         backward: true,
         indexer: true,

@@ -548,3 +548,40 @@ fn compare_passes_identical_outputs_and_fails_a_perturbed_one() {
         "{text}"
     );
 }
+
+#[test]
+fn compare_strict_tolerances_catch_what_msa_limits_allow() {
+    let input = write_file("tol-in.safetensors", &inputs(5));
+    let out = tmp("tol-out.safetensors");
+    expect_exit(&attention(&input, &out, false), 0);
+    // One element off by a third of MSA's limit (atol = rtol = 3e-2): inside it, but over the
+    // strict one (3e-3) threefold.
+    let mut off = read_outputs(&out).unwrap();
+    let x = &mut off.out.as_mut().unwrap()[4242];
+    *x = bf16::from_f32(x.to_f32() + 0.01 * (1.0 + x.to_f32().abs()));
+    let shifted = tmp("tol-shifted.safetensors");
+    write_outputs(&shifted, &off, false).unwrap();
+
+    expect_exit(&msa(&["compare", s(&shifted), s(&out)]), 0);
+    let o = msa(&["compare", "--tolerances", "strict", s(&shifted), s(&out)]);
+    expect_exit(&o, 1);
+    let text = stdout(&o);
+    let failed: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(" FAIL"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(
+        failed[0].trim_start().starts_with("out ") && failed[0].contains("worst at 4242"),
+        "{text}"
+    );
+
+    let o = msa(&["compare", "--tolerances", "loose", s(&out), s(&out)]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("unknown tolerances `loose` (msa, strict)"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -1,5 +1,5 @@
 //! `msa compare`: two outputs files (say `--backend cuda` against `--backend cpu`) under MSA's
-//! tolerances.
+//! tolerances (or the strict set, `--tolerances strict`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,6 +15,9 @@ pub struct Args {
     pub actual: PathBuf,
     /// The expected outputs (e.g. from `--backend cpu`).
     pub expected: PathBuf,
+    /// msa (the contract's limits) or strict (tenfold tighter, what the GPU suite uses).
+    #[arg(long, default_value = "msa")]
+    pub tolerances: String,
 }
 
 fn f32s(x: &[half::bf16]) -> Vec<f32> {
@@ -59,6 +62,7 @@ fn lengths(o: &Outputs) -> [(&'static str, Option<usize>); 9] {
 }
 
 pub fn run(a: &Args) -> Result<ExitCode> {
+    let tol = Tolerances::named(&a.tolerances)?;
     let (x, y) = (read_outputs(&a.actual)?, read_outputs(&a.expected)?);
     // Files of different calls (another T or Tk) have no element-wise comparison; the metrics
     // below assume equal lengths, so this is an input error, not a failed check.
@@ -73,7 +77,6 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             }
         }
     }
-    let tol = Tolerances::default();
     let mut r = CheckReport::default();
     // A tensor the expected file has and the file under test lacks is a failure, not a skip.
     for ((name, n), (_, m)) in lengths(&x).into_iter().zip(lengths(&y)) {

@@ -28,12 +28,12 @@ enum Command {
     Info,
     /// Schedule statistics of cases: rows, edges, work items, tasks, bins, grid, FLOPs.
     Plan(plan::Args),
-    /// Forward + backward (+ indexer + KL) of cases on a backend, checked with MSA's tolerances.
+    /// Forward + backward (+ indexer + KL) of cases on a backend, checked with MSA's (or strict) tolerances.
     Run(run::Args),
     /// Attention (and gradients when `dout` is present, indexer when `qi`/`ki` are) of the
     /// tensors in a safetensors file.
     Attention(attention::Args),
-    /// Compare two outputs files (e.g. cuda against cpu) under MSA's tolerances.
+    /// Compare two outputs files (e.g. cuda against cpu) under MSA's (or strict) tolerances.
     Compare(compare::Args),
 }
 

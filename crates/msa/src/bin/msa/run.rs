@@ -41,6 +41,9 @@ pub struct Args {
     pub sample_queries: usize,
     #[arg(long, default_value_t = 1.0)]
     pub loss_coeff: f32,
+    /// msa (the contract's limits) or strict (tenfold tighter, what the GPU suite uses).
+    #[arg(long, default_value = "msa")]
+    pub tolerances: String,
     /// Write every result (checks, times, FLOPs) as JSON lines here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -56,6 +59,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
             a.check
         )));
     }
+    let tol = Tolerances::named(&a.tolerances)?;
     let specs = a.cases.specs()?;
     let choice: BackendChoice = a.backend.parse()?;
     let (backend, note) = Backend::open(choice, true)?;
@@ -70,7 +74,6 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         deterministic: a.deterministic,
         loss_coeff: a.loss_coeff,
     };
-    let tol = Tolerances::default();
     let listed = cases::manifest(&a.cases.manifest_path())?;
     let mut json = match &a.json {
         Some(p) => Some(std::fs::File::create(p)?),
