@@ -13,6 +13,11 @@
 #   timings    `msa run` on real cases (times, useful TFLOP/s)           -> timings.log, timings.jsonl
 #   real       the real-case sweep alone (MSA_REAL_CASES=a..b splits it;
 #              MSA_REAL_TIMEOUT bounds it, default 400 s)                -> gpu-real.log
+#   bench      `msa bench` (device-timed medians, useful TFLOP/s) on
+#              real cases under MSA_BENCH_PATTERNS, then the PyTorch
+#              peers (dense FlashAttention/cuDNN, FlexAttention) in the
+#              same run                                                  -> bench.log, bench.jsonl,
+#                                                                           peers.log, peers.jsonl
 # Suite args go to the `suite` stage (e.g. `--skip real_cases`). Exits non-zero when any stage
 # failed.
 set -uo pipefail
@@ -72,6 +77,16 @@ timings() {
     return "${PIPESTATUS[0]}"
 }
 
+bench() {
+    local rc
+    "$here/msa" bench --cases "${MSA_BENCH_CASES:-151:7,605:13,434:2}" \
+        --pattern "${MSA_BENCH_PATTERNS:-recent16,random,b0p99,spread}" \
+        --json "$out/bench.jsonl" 2>&1 | tee "$out/bench.log"
+    rc=${PIPESTATUS[0]}
+    python3 "$here/bench_peers.py" "$out/peers.jsonl" 2>&1 | tee "$out/peers.log"
+    [ "$rc" -eq 0 ] && [ "${PIPESTATUS[0]}" -eq 0 ]
+}
+
 real_cases() {
     MSA_GPU_RESULTS="$out" timeout "${MSA_REAL_TIMEOUT:-400}" \
         "$here/gpu-suite" real_cases --test-threads=1 --nocapture 2>&1 | tee "$out/gpu-real.log"
@@ -86,6 +101,7 @@ for s in ${MSA_STAGES:-info suite sanitizer torch timings}; do
         torch) stage torch torch_interop ;;
         timings) stage timings timings ;;
         real) stage real real_cases ;;
+        bench) stage bench bench ;;
         *) echo "run.sh: unknown stage $s" >&2; status=2 ;;
     esac
 done

@@ -3,6 +3,7 @@
 //! Results go to stdout and, when `MSA_GPU_RESULTS` names a folder, to JSON lines there.
 
 mod attention;
+mod bench;
 mod harness;
 mod indexer;
 mod kl;

@@ -1,5 +1,5 @@
 //! `cargo xtask gpu-bundle [--out DIR]`: the stripped `msa` CLI and GPU suite plus the runner
-//! (scripts/gpu-run.sh as `run.sh`) and its PyTorch helper, ready to copy to a GPU machine.
+//! (scripts/gpu-run.sh as `run.sh`) and its PyTorch helpers, ready to copy to a GPU machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -7,9 +7,10 @@ use std::process::{Command, Stdio};
 const MAX_BYTES: u64 = 64 << 20;
 
 /// Committed scripts the bundle carries: the runner (as `run.sh`) and what it calls.
-const SCRIPTS: [(&str, &str); 2] = [
+const SCRIPTS: [(&str, &str); 3] = [
     ("scripts/gpu-run.sh", "run.sh"),
     ("scripts/torch_inputs.py", "torch_inputs.py"),
+    ("scripts/bench_peers.py", "bench_peers.py"),
 ];
 
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -66,7 +67,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     let mut bytes = 0;
-    for name in ["msa", "gpu-suite", "run.sh", "torch_inputs.py"] {
+    let names = ["msa", "gpu-suite"]
+        .into_iter()
+        .chain(SCRIPTS.iter().map(|(_, name)| *name));
+    for name in names {
         let path = out.join(name);
         bytes += path
             .metadata()
@@ -81,7 +85,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ));
     }
     println!(
-        "gpu-bundle: {} ({mib:.1} MiB): msa, gpu-suite, run.sh, torch_inputs.py; run `run.sh OUTDIR` on the GPU host",
+        "gpu-bundle: {} ({mib:.1} MiB): msa, gpu-suite, run.sh, torch_inputs.py, bench_peers.py; run `run.sh OUTDIR` on the GPU host",
         out.display()
     );
     Ok(())

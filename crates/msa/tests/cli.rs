@@ -113,6 +113,33 @@ fn run_on_cuda_fails_with_the_probe_message() {
     assert!(!stdout(&o).contains("PASS"));
 }
 
+#[test]
+fn bench_names_a_bad_stage_and_needs_the_gpu() {
+    let o = msa(&["bench", "--stages", "forward,fwd"]);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "error: unknown stage `fwd` (prepare, forward, backward, backward_det, indexer, kl)"
+    );
+    let o = msa(&["bench", "--iters", "0"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("--iters must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+    #[cfg(not(feature = "msa"))]
+    {
+        let o = msa(&["bench", "--case", "434", "--rank", "0"]);
+        expect_exit(&o, 2);
+        assert!(
+            stderr(&o).contains("error: msa-rs was built without CUDA support"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
 /// A manifest line in MSA's format, with every metric recomputed here from `cu`.
 fn manifest_line(case_id: u64, cu: &[i32]) -> String {
     let mut lens: Vec<u64> = cu.windows(2).map(|w| (w[1] - w[0]) as u64).collect();

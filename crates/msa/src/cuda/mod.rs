@@ -5,6 +5,7 @@
 mod api;
 mod attention_bwd;
 mod attention_fwd;
+pub(crate) mod bench;
 mod indexer;
 mod kl;
 mod layout;
@@ -120,6 +121,29 @@ impl CudaMsa {
         debug_assert_eq!(bytes % 4, 0, "poisoned buffers hold whole 32-bit words");
         let (ptr, _g) = buf.device_ptr(&self.stream);
         unsafe { msa_kernels::launch::util::fill_u32(ptr, bytes / 4, T::WORD, self.raw_stream())? };
+        Ok(())
+    }
+
+    /// Keep freed buffers in the device's stream-ordered pool instead of returning them to the
+    /// driver at every synchronization (the pool's default threshold is 0), so repeated calls
+    /// reuse their memory, as PyTorch's caching allocator does. The memory stays reserved for
+    /// this process until the context ends.
+    pub fn keep_pool_memory(&self) -> Result<()> {
+        use cudarc::driver::result::{device, mem_pool};
+        use cudarc::driver::sys::CUmemPool_attribute;
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        let mut threshold = u64::MAX;
+        // SAFETY: the pool is the context's device's current one; the attribute takes a u64.
+        unsafe {
+            let pool = device::get_mem_pool(self.ctx.cu_device())?;
+            mem_pool::set_attribute(
+                pool,
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )?;
+        }
         Ok(())
     }
 

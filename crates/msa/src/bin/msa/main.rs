@@ -1,6 +1,7 @@
 //! `msa`: the command-line front door of msa-rs.
 
 mod attention;
+mod bench;
 mod compare;
 mod info;
 mod plan;
@@ -35,6 +36,8 @@ enum Command {
     Attention(attention::Args),
     /// Compare two outputs files (e.g. cuda against cpu) under MSA's (or strict) tolerances.
     Compare(compare::Args),
+    /// Device-timed medians of every GPU stage on cases, in useful TFLOP/s (MSA FLOP model).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(&a),
         Command::Attention(a) => attention::run(&a),
         Command::Compare(a) => compare::run(&a),
+        Command::Bench(a) => bench::run(&a),
     };
     match result {
         Ok(code) => code,

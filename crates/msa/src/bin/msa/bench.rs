@@ -1,0 +1,121 @@
+//! `msa bench`: device-timed medians of every GPU stage on real cases, in useful TFLOP/s under
+//! the MSA FLOP model. Correctness is `msa run`'s job; this only times.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args as ClapArgs;
+use msa::backend::{Backend, BackendChoice};
+use msa::bench::{self, BenchOptions, Stage};
+use msa::cases;
+use msa::Result;
+use msa_plan::flops::FlopModel;
+
+use crate::select::CaseArgs;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Cases to time; `--pattern` may be a comma list (each case runs under each pattern).
+    #[command(flatten)]
+    pub cases: CaseArgs,
+    /// Stages, comma separated: prepare, forward, backward, backward_det, indexer, kl.
+    #[arg(long, default_value = "prepare,forward,backward,indexer,kl")]
+    pub stages: String,
+    /// Untimed calls of each stage before the timed ones.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Timed calls of each stage.
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Write one JSON line per case (every timed call, medians, FLOPs) here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(a: &Args) -> Result<ExitCode> {
+    let stages = a
+        .stages
+        .split(',')
+        .map(|s| s.trim().parse())
+        .collect::<Result<Vec<Stage>>>()?;
+    let opts = BenchOptions {
+        stages,
+        warmup: a.warmup,
+        iters: a.iters,
+    };
+    opts.check()?;
+    let mut specs = Vec::new();
+    for pattern in a.cases.pattern.split(',') {
+        let mut c = a.cases.clone();
+        c.pattern = pattern.trim().to_string();
+        specs.extend(c.specs()?);
+    }
+    let (backend, _) = Backend::open(BackendChoice::Cuda, false)?;
+    eprintln!("backend: {}", backend.name());
+    let listed = cases::manifest(&a.cases.manifest_path())?;
+    let mut json = match &a.json {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    for spec in &specs {
+        eprintln!("{}: building inputs ...", spec.name());
+        let p = cases::build(
+            &cases::rank_case(&listed, spec.case_id, spec.rank)?,
+            spec.pattern,
+            spec.seed,
+        );
+        eprintln!(
+            "{}: timing {} stages x {} calls ...",
+            spec.name(),
+            opts.stages.len(),
+            opts.warmup + opts.iters
+        );
+        let times = bench::run(&backend, &p, &opts)?;
+        let model = FlopModel::for_layout(&p.layout);
+        println!(
+            "{} on {}: median of {} calls after {} warm-up (T {}, Tk {})",
+            spec.name(),
+            backend.name(),
+            opts.iters,
+            opts.warmup,
+            p.layout.total_q(),
+            p.layout.total_k()
+        );
+        println!(
+            "  {:<14} {:>10} {:>10} {:>10} {:>9}",
+            "stage", "median ms", "min ms", "p90 ms", "TFLOP/s"
+        );
+        for t in &times {
+            let rate = t
+                .tflops(&model)
+                .map_or(String::new(), |r| format!("{r:>9.1}"));
+            println!(
+                "  {:<14} {:>10.3} {:>10.3} {:>10.3} {rate}",
+                t.stage.name(),
+                t.median(),
+                t.min(),
+                t.quantile(0.9)
+            );
+        }
+        if let Some(f) = json.as_mut() {
+            let stages: Vec<_> = times
+                .iter()
+                .map(|t| {
+                    serde_json::json!({
+                        "stage": t.stage.name(), "median_ms": t.median(), "min_ms": t.min(),
+                        "p90_ms": t.quantile(0.9), "tflops": t.tflops(&model), "ms": t.ms,
+                    })
+                })
+                .collect();
+            let line = serde_json::json!({
+                "case": spec.name(), "backend": backend.name(), "warmup": opts.warmup,
+                "iters": opts.iters, "T": p.layout.total_q(), "Tk": p.layout.total_k(),
+                "flops": {"fwd": model.fwd, "bwd": model.bwd, "indexer": model.indexer, "kl": model.kl},
+                "stages": stages,
+            });
+            writeln!(f, "{line}")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

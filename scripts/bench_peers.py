@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Peers for `msa bench`, timed in the same run on the same GPU with PyTorch.
+
+    bench_peers.py OUT.jsonl [--iters N] [--warmup N]
+
+MSA's shapes throughout: bf16, head_dim 128, 64 query heads sharing 4 KV heads (GQA 16),
+12,288 queries (one CP16 rank). Useful TFLOP/s use the MSA FLOP model on the pairs each peer
+attends to (fwd = 2*(128+128)*64*pairs, bwd = 2.5 * fwd), so every rate is comparable with
+`msa bench`'s:
+  sdpa-flash / sdpa-cudnn  dense causal attention (torch SDPA's FlashAttention and cuDNN
+                           backends) over 6 documents of 2,048 tokens (16 blocks each: the
+                           work per query of a 16-block selection) and over one 12,288-token one
+  flex-recent16            FlexAttention (Triton, what Hopper users run MSA with today) with a
+                           block mask of each query's own 128-block and the 15 before it, causal
+                           inside the own block: MSA's recent16 selection on one 12,288-token
+                           document
+A peer that fails (backend missing, compile error) is reported with its error and skipped.
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+H, HKV, D, BLOCK, TOPK = 64, 4, 128, 128, 16
+T = 12288
+
+
+def fwd_flops(pairs):
+    return 2.0 * (D + D) * H * pairs
+
+
+def time_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in times]
+
+
+def tensors(batch, seq):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: (0.2 * torch.randn(batch, h, seq, D, device="cuda", generator=g)).to(torch.bfloat16)
+    q, k, v, do = mk(H), mk(HKV), mk(HKV), mk(H)
+    return [x.requires_grad_() for x in (q, k, v)] + [do]
+
+
+def measure(name, attn, q, k, v, do, pairs, args, note):
+    out = attn(q, k, v)
+    fwd = time_ms(lambda: attn(q, k, v), args.warmup, args.iters)
+    bwd = time_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), args.warmup, args.iters)
+    rows = []
+    for stage, ms, flops in (("forward", fwd, fwd_flops(pairs)), ("backward", bwd, 2.5 * fwd_flops(pairs))):
+        med = statistics.median(ms)
+        rows.append({"peer": name, "stage": stage, "median_ms": med, "min_ms": min(ms),
+                     "tflops": flops / med / 1e9, "pairs": pairs, "note": note, "ms": ms})
+    return rows
+
+
+def sdpa_peer(backend_name, backend, batch, seq, args):
+    from torch.nn.attention import sdpa_kernel
+    q, k, v, do = tensors(batch, seq)
+    pairs = batch * seq * (seq + 1) // 2
+    name = f"sdpa-{backend_name} {batch}x{seq} causal"
+
+    def attn_gqa(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    try:
+        attn_gqa(q, k, v)
+        return measure(name, attn_gqa, q, k, v, do, pairs, args, "enable_gqa")
+    except RuntimeError:
+        # Backends without GQA take K/V expanded to 64 heads: same FLOPs, more K/V traffic.
+        ke = k.detach().repeat_interleave(H // HKV, dim=1).requires_grad_()
+        ve = v.detach().repeat_interleave(H // HKV, dim=1).requires_grad_()
+
+        def attn(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        return measure(name, attn, q, ke, ve, do, pairs, args, "kv expanded to 64 heads")
+
+
+def flex_peer(args):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def recent16(b, h, qi, ki):
+        return (ki <= qi) & (ki // BLOCK > qi // BLOCK - TOPK)
+
+    mask = create_block_mask(recent16, None, None, T, T, device="cuda", BLOCK_SIZE=BLOCK)
+    compiled = torch.compile(flex_attention)
+    q, k, v, do = tensors(1, T)
+    attn = lambda q, k, v: compiled(q, k, v, block_mask=mask, enable_gqa=True)
+    qpos = torch.arange(T)
+    pairs = int((torch.minimum(qpos // BLOCK, torch.tensor(TOPK - 1)) * BLOCK + qpos % BLOCK + 1).sum())
+    return measure("flex-recent16 1x12288", attn, q, k, v, do, pairs, args, "torch.compile(flex_attention)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    from torch.nn.attention import SDPBackend
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    peers = [
+        lambda: sdpa_peer("flash", SDPBackend.FLASH_ATTENTION, 6, 2048, args),
+        lambda: sdpa_peer("flash", SDPBackend.FLASH_ATTENTION, 1, T, args),
+        lambda: sdpa_peer("cudnn", SDPBackend.CUDNN_ATTENTION, 6, 2048, args),
+        lambda: sdpa_peer("cudnn", SDPBackend.CUDNN_ATTENTION, 1, T, args),
+        lambda: flex_peer(args),
+    ]
+    failed = 0
+    with open(args.out, "w") as f:
+        for peer in peers:
+            try:
+                rows = peer()
+            except Exception as e:  # a missing backend is a result, not a crash
+                failed += 1
+                print(f"peer failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+                continue
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+                print(f"  {r['peer']:<28} {r['stage']:<9} {r['median_ms']:9.3f} ms  "
+                      f"{r['tflops']:7.1f} TFLOP/s  ({r['note']})", flush=True)
+            torch.cuda.empty_cache()
+    return 1 if failed == len(peers) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+//! `msa::bench` on the device: every stage is timed with its own events, the times are
+//! positive and finite, and a stage whose inputs are absent is refused by name.
+
+use msa::backend::Backend;
+use msa::bench::{self, BenchOptions, Stage};
+use msa::io::AttentionFile;
+use msa_plan::VarlenLayout;
+use msa_workloads::{make_topk, Inputs, Pattern};
+
+use crate::harness;
+
+fn case(cu: &[i32]) -> AttentionFile {
+    let layout = VarlenLayout::documents(cu).expect("layout");
+    let topk = make_topk(&layout, Pattern::Random, 7);
+    AttentionFile::generated(layout.clone(), Inputs::generate(&layout, 7), topk)
+}
+
+#[test]
+fn bench_times_every_stage() {
+    let cuda = Backend::Cuda(harness::open_device());
+    let p = case(&[0, 1000, 5000]);
+    let opts = BenchOptions {
+        stages: Stage::ALL.to_vec(),
+        warmup: 1,
+        iters: 3,
+    };
+    let times = bench::run(&cuda, &p, &opts).expect("bench");
+    assert_eq!(
+        times.iter().map(|t| t.stage).collect::<Vec<_>>(),
+        Stage::ALL.to_vec()
+    );
+    for t in &times {
+        assert_eq!(t.ms.len(), 3, "{}", t.stage);
+        assert!(
+            t.ms.iter().all(|&ms| ms.is_finite() && ms > 0.0),
+            "{}: {:?}",
+            t.stage,
+            t.ms
+        );
+    }
+
+    let mut forward_only = p.clone();
+    forward_only.dout = None;
+    let opts = BenchOptions {
+        stages: vec![Stage::Forward, Stage::Backward],
+        ..opts
+    };
+    let e = bench::run(&cuda, &forward_only, &opts)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "stage `backward` needs dout in the inputs");
+}
