@@ -8,7 +8,7 @@
 use msa::backend::{Backend, RunOptions};
 use msa::cases;
 use msa::check::{against_reference, Sample, Tolerances};
-use msa_workloads::{case_seed, make_topk, Pattern, DEV_MANIFEST};
+use msa_workloads::{Pattern, DEV_MANIFEST};
 
 use crate::harness;
 
@@ -42,13 +42,12 @@ fn real_cases_every_pattern() {
         let rank = (case.case_id % 16) as usize;
         let rc = cases::rank_case(&listed, case.case_id, rank).expect("rank case");
         let mut p = cases::build(&rc, Pattern::Recent16, 0);
-        let seed = case_seed(case.case_id, rank, 0);
         for pattern in Pattern::verification_set() {
             // The indexer pattern takes its selection from the GPU indexer itself (MSA's own
             // flow); the indexer's rules, ranking and LSE are checked with the rest.
             p.topk_indices = match pattern {
                 Pattern::Indexer => harness::gpu_indexer_selection(&p),
-                _ => make_topk(&p.layout, pattern, seed),
+                _ => cases::selection(&rc, pattern, 0),
             };
             let name = format!("case{}/r{rank}/{pattern}", case.case_id);
             let result = cuda

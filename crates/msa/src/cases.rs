@@ -57,10 +57,15 @@ pub fn rank_case(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankCa
 /// Inputs (seeded by `case_seed(case, rank, seed)`) and the pattern's selection of one rank.
 pub fn build(rank: &RankCase, pattern: Pattern, seed: u64) -> AttentionFile {
     let layout = rank.layout().clone();
+    let inputs = Inputs::generate(&layout, case_seed(rank.case_id(), rank.rank(), seed));
+    AttentionFile::generated(layout, inputs, selection(rank, pattern, seed))
+}
+
+/// The pattern's selection of [`build`]: swapping it into a built case gives what `build`
+/// would give for that pattern, without generating the inputs again.
+pub fn selection(rank: &RankCase, pattern: Pattern, seed: u64) -> Vec<i32> {
     let s = case_seed(rank.case_id(), rank.rank(), seed);
-    let inputs = Inputs::generate(&layout, s);
-    let topk = make_topk(&layout, pattern, s);
-    AttentionFile::generated(layout, inputs, topk)
+    make_topk(rank.layout(), pattern, s)
 }
 
 /// Load a whole case from its spec.

@@ -56,6 +56,28 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Whether a check table has a line for `tensor`.
+fn has_check(text: &str, tensor: &str) -> bool {
+    text.lines()
+        .any(|l| l.split_whitespace().next() == Some(tensor))
+}
+
+/// A report whose one failed check is `out`, worst at element `index` (its first line is the
+/// verdict).
+fn assert_only_out_fails_at(text: &str, index: usize) {
+    let failed: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(" FAIL"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{text}");
+    assert!(
+        failed[0].trim_start().starts_with("out ")
+            && failed[0].contains(&format!("worst at {index}")),
+        "{text}"
+    );
+}
+
 // ---- info, plan, run --------------------------------------------------------------------------
 
 #[cfg(not(feature = "msa"))]
@@ -98,6 +120,39 @@ fn plan_of_a_real_rank_has_12288_queries() {
     assert_eq!(rows.len(), 1, "{out}");
     assert_eq!(rows[0].len(), header.len(), "{out}");
     assert_eq!(rows[0][..2], ["case434/r0/recent16/s0", "12288"], "{out}");
+}
+
+#[test]
+fn a_pattern_list_runs_each_case_under_each_pattern_case_by_case() {
+    let o = msa(&[
+        "plan",
+        "--case",
+        "434,61",
+        "--rank",
+        "0",
+        "--pattern",
+        "recent16, random",
+    ]);
+    expect_exit(&o, 0);
+    let out = stdout(&o);
+    let names: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "case434/r0/recent16/s0",
+            "case434/r0/random/s0",
+            "case61/r0/recent16/s0",
+            "case61/r0/random/s0"
+        ],
+        "{out}"
+    );
+    let o = msa(&["plan", "--pattern", "recent16,recent8"]);
+    expect_exit(&o, 2);
+    assert!(stderr(&o).contains("recent8"), "{}", stderr(&o));
 }
 
 #[cfg(not(feature = "msa"))]
@@ -226,11 +281,7 @@ fn run_on_cpu_passes_on_a_small_custom_manifest() {
         "indexer_lse",
         "dqi",
     ] {
-        assert!(
-            out.lines()
-                .any(|l| l.split_whitespace().next() == Some(tensor)),
-            "no {tensor} check in\n{out}"
-        );
+        assert!(has_check(&out, tensor), "no {tensor} check in\n{out}");
     }
     assert!(!out.contains("FAIL"), "{out}");
 
@@ -511,11 +562,7 @@ fn compare_passes_identical_outputs_and_fails_a_perturbed_one() {
         "indexer_topk",
         "indexer_lse",
     ] {
-        assert!(
-            text.lines()
-                .any(|l| l.split_whitespace().next() == Some(tensor)),
-            "no {tensor} line in\n{text}"
-        );
+        assert!(has_check(&text, tensor), "no {tensor} line in\n{text}");
     }
 
     let mut bad = read_outputs(&out).unwrap();
@@ -527,16 +574,7 @@ fn compare_passes_identical_outputs_and_fails_a_perturbed_one() {
     expect_exit(&o, 1);
     let text = stdout(&o);
     assert!(text.lines().next().unwrap().ends_with(": FAIL"), "{text}");
-    let failed: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains(" FAIL"))
-        .skip(1)
-        .collect();
-    assert_eq!(failed.len(), 1, "{text}");
-    assert!(
-        failed[0].trim_start().starts_with("out ") && failed[0].contains("worst at 777"),
-        "{text}"
-    );
+    assert_only_out_fails_at(&text, 777);
 
     // Outputs of a call with another T are an input error, not a comparison.
     let lse5: Vec<u8> = (0..5 * NUM_Q_HEADS)
@@ -593,16 +631,7 @@ fn compare_strict_tolerances_catch_what_msa_limits_allow() {
     let o = msa(&["compare", "--tolerances", "strict", s(&shifted), s(&out)]);
     expect_exit(&o, 1);
     let text = stdout(&o);
-    let failed: Vec<&str> = text
-        .lines()
-        .skip(1)
-        .filter(|l| l.contains(" FAIL"))
-        .collect();
-    assert_eq!(failed.len(), 1, "{text}");
-    assert!(
-        failed[0].trim_start().starts_with("out ") && failed[0].contains("worst at 4242"),
-        "{text}"
-    );
+    assert_only_out_fails_at(&text, 4242);
 
     let o = msa(&["compare", "--tolerances", "loose", s(&out), s(&out)]);
     expect_exit(&o, 2);

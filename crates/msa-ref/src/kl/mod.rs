@@ -48,15 +48,7 @@ pub fn kl_backward(
     indexer_lse: &[f32],
     loss_coeff: f32,
 ) -> Result<KlGrads> {
-    let args = Args {
-        inputs,
-        teacher_lse,
-        qi,
-        ki,
-        indexer_lse,
-        loss_coeff,
-    };
-    args.check()?;
+    let args = Args::checked(inputs, teacher_lse, qi, ki, indexer_lse, loss_coeff)?;
     Ok(grads::<true>(&args))
 }
 
@@ -71,15 +63,7 @@ pub fn kl_dqi_queries(
     loss_coeff: f32,
     queries: &[usize],
 ) -> Result<Vec<f32>> {
-    let args = Args {
-        inputs,
-        teacher_lse,
-        qi,
-        ki,
-        indexer_lse,
-        loss_coeff,
-    };
-    args.check()?;
+    let args = Args::checked(inputs, teacher_lse, qi, ki, indexer_lse, loss_coeff)?;
     expect_indices("query", queries, inputs.layout.total_q())?;
     let kl = Kl::new(&args, selected_blocks(inputs.layout, inputs.topk, queries));
     Ok(kl.dqi::<true>(queries))
@@ -96,15 +80,7 @@ pub fn kl_dki_keys(
     loss_coeff: f32,
     key_rows: Range<usize>,
 ) -> Result<Vec<f32>> {
-    let args = Args {
-        inputs,
-        teacher_lse,
-        qi,
-        ki,
-        indexer_lse,
-        loss_coeff,
-    };
-    args.check()?;
+    let args = Args::checked(inputs, teacher_lse, qi, ki, indexer_lse, loss_coeff)?;
     check_key_rows(&key_rows, inputs.layout.total_k())?;
     let table = BlockTable::new(inputs.layout);
     let blocks = table.overlapping(&key_rows);
@@ -143,11 +119,27 @@ struct Args<'a> {
     loss_coeff: f32,
 }
 
-impl Args<'_> {
-    fn check(&self) -> Result<()> {
-        check_kl_inputs(self.inputs, self.teacher_lse, self.qi.len(), self.ki.len())?;
-        let t = self.inputs.layout.total_q();
-        expect_len("indexer_lse", self.indexer_lse.len(), &[NUM_INDEX_HEADS, t])
+impl<'a> Args<'a> {
+    /// The arguments of a public entry point, sizes checked.
+    fn checked(
+        inputs: &'a AttentionInputs<'a>,
+        teacher_lse: &'a [f32],
+        qi: &'a [bf16],
+        ki: &'a [bf16],
+        indexer_lse: &'a [f32],
+        loss_coeff: f32,
+    ) -> Result<Self> {
+        check_kl_inputs(inputs, teacher_lse, qi.len(), ki.len())?;
+        let t = inputs.layout.total_q();
+        expect_len("indexer_lse", indexer_lse.len(), &[NUM_INDEX_HEADS, t])?;
+        Ok(Self {
+            inputs,
+            teacher_lse,
+            qi,
+            ki,
+            indexer_lse,
+            loss_coeff,
+        })
     }
 }
 

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use clap::Args as ClapArgs;
 use msa::backend::{Backend, BackendChoice};
 use msa::bench::{self, BenchOptions, Stage};
-use msa::cases;
+use msa::cases::{self, CaseSpec};
+use msa::io::AttentionFile;
 use msa::Result;
 use msa_plan::flops::FlopModel;
 
@@ -16,7 +17,7 @@ use crate::select::CaseArgs;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// Cases to time; `--pattern` may be a comma list (each case runs under each pattern).
+    /// Cases to time; under a `--pattern` list each case's inputs are generated once.
     #[command(flatten)]
     pub cases: CaseArgs,
     /// Stages, comma separated: prepare, forward, backward, backward_det, indexer, kl.
@@ -45,12 +46,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         iters: a.iters,
     };
     opts.check()?;
-    let mut specs = Vec::new();
-    for pattern in a.cases.pattern.split(',') {
-        let mut c = a.cases.clone();
-        c.pattern = pattern.trim().to_string();
-        specs.extend(c.specs()?);
-    }
+    let specs = a.cases.specs()?;
     let (backend, _) = Backend::open(BackendChoice::Cuda, false)?;
     eprintln!("backend: {}", backend.name());
     let listed = cases::manifest(&a.cases.manifest_path())?;
@@ -58,20 +54,30 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
+    // The last case built, kept while the specs only change its pattern (they are adjacent).
+    let mut built: Option<(CaseSpec, AttentionFile)> = None;
     for spec in &specs {
-        eprintln!("{}: building inputs ...", spec.name());
-        let p = cases::build(
-            &cases::rank_case(&listed, spec.case_id, spec.rank)?,
-            spec.pattern,
-            spec.seed,
-        );
+        let rank = cases::rank_case(&listed, spec.case_id, spec.rank)?;
+        let p = match &mut built {
+            Some((last, p))
+                if (last.case_id, last.rank, last.seed) == (spec.case_id, spec.rank, spec.seed) =>
+            {
+                p.topk_indices = cases::selection(&rank, spec.pattern, spec.seed);
+                p
+            }
+            _ => {
+                eprintln!("{}: building inputs ...", spec.name());
+                let p = cases::build(&rank, spec.pattern, spec.seed);
+                &mut built.insert((spec.clone(), p)).1
+            }
+        };
         eprintln!(
             "{}: timing {} stages x {} calls ...",
             spec.name(),
             opts.stages.len(),
             opts.warmup + opts.iters
         );
-        let times = bench::run(&backend, &p, &opts)?;
+        let times = bench::run(&backend, p, &opts)?;
         let model = FlopModel::for_layout(&p.layout);
         println!(
             "{} on {}: median of {} calls after {} warm-up (T {}, Tk {})",

@@ -21,7 +21,8 @@ pub struct CaseArgs {
     /// Explicit `case:rank` pairs, comma separated (overrides --case/--rank).
     #[arg(long)]
     pub cases: Option<String>,
-    /// Selection pattern: recent16, indexer, b0p99, random, spread, pool-N, hot15_tail1, hot8_tail8.
+    /// Selection pattern, or a comma list (each case runs under each): recent16, indexer,
+    /// b0p99, random, spread, pool-N, hot15_tail1, hot8_tail8.
     #[arg(long, default_value = "recent16")]
     pub pattern: String,
     #[arg(long, default_value_t = 0)]
@@ -48,11 +49,15 @@ impl CaseArgs {
             .unwrap_or_else(|| PathBuf::from(DEV_MANIFEST))
     }
 
-    /// Every (case, rank) spec selected.
+    /// Every (case, rank, pattern) spec selected, the patterns of one (case, rank) adjacent.
     pub fn specs(&self) -> Result<Vec<CaseSpec>> {
         let manifest = self.manifest_path();
         let listed = cases::manifest(&manifest)?;
-        let pattern = cases::pattern(&self.pattern)?;
+        let patterns = self
+            .pattern
+            .split(',')
+            .map(|p| cases::pattern(p.trim()))
+            .collect::<Result<Vec<_>>>()?;
         let ranks = CpConfig::default().cp_size as u64;
         let pairs: Vec<(u64, u64)> = match &self.cases {
             Some(list) => list
@@ -82,7 +87,8 @@ impl CaseArgs {
         };
         pairs
             .into_iter()
-            .map(|(case_id, rank)| {
+            .flat_map(|pair| patterns.iter().map(move |&pattern| (pair, pattern)))
+            .map(|((case_id, rank), pattern)| {
                 if !listed.iter().any(|c| c.case_id == case_id) {
                     return Err(MsaError::Invalid(format!(
                         "case {case_id} is not in {}",
