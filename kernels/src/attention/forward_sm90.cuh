@@ -1,0 +1,589 @@
+// Sparse attention forward for Hopper (sm_90a): the "F1" shared-selection kernel of
+// docs/perf/attention-forward-sm90.md. A work item is (KV group g, tile of 8 consecutive packed
+// queries), 128 rows = 8 queries x the group's 16 heads; it runs one online softmax over the
+// tile's block union (tile_union.cuh), so every K/V block is loaded once per tile and each
+// 128 x 128 block product is one pair of wgmma chains.
+//
+// Warp specialization (FlashAttention-3's structure): 384 threads, warpgroup 0 is the producer
+// (one thread issues TMA loads of Q and of K and V per block into a 2-stage ring), warpgroups 1
+// and 2 are consumers owning rows 0-63 (queries 0-3) and 64-127 (queries 4-7). In the m64
+// accumulator layout warp w of a consumer holds rows 16w..16w+15: one query's 16 heads, so the
+// causal and selection masks are warp-uniform (a query that did not choose a union block gets
+// P = 0 for it). S = QK^T is an SS wgmma chain; O += PV takes P from registers (RS).
+// kStream (the production schedule) issues S of block j+1 together with PV of block j, across
+// tile boundaries too, and runs the softmax of j+1 while PV is in flight; the two consumers take
+// turns issuing (pingpong, named barriers 1 and 2) so one warpgroup's softmax hides behind the
+// other's matrix products. !kStream is the serial schedule, kept as the baseline it is measured
+// against.
+//
+// Persistent: gridDim.x CTAs stride over the items in order (group-major, tiles ascending); items
+// whose union exceeds `union_max` are left to the v1 kernel.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include "msa/common.h"
+#include "common/constants.cuh"
+#include "common/varlen.cuh"
+#include "common/sm90/barrier.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/wgmma.cuh"
+#include "attention/tile_union.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MSA_FWD_SM90_BODY 1
+#else
+#define MSA_FWD_SM90_BODY 0
+#endif
+
+namespace msa::fwd90 {
+
+constexpr int kThreads = 384;
+constexpr int kStages = 2;
+constexpr int kRows = kQueriesPerCta * kHeadsPerGroup;     // 128
+constexpr int kHalfBytes = kRows * 64 * 2;                 // one 64-column half of a 128-row tile
+constexpr int kTileBytes = 2 * kHalfBytes;                 // 32 KiB
+constexpr int kWgRowBytes = 64 * 128;                      // 64 rows of one half
+
+// One union block as tile_union_kernel lists it: (physical block, packed K row of key 0, stored
+// keys, mask of the tile queries that chose it).
+using StageInfo = int4;
+
+struct Smem {
+    uint8_t q[2][kTileBytes];
+    uint8_t k[kStages][kTileBytes];
+    uint8_t v[kStages][kTileBytes];
+    StageInfo info[kStages];
+    StageInfo list[kUnionMax];  // the producer's copy of the current tile's union
+    uint64_t q_full[2], q_empty[2];
+    uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+};
+constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;  // + alignment slack
+
+struct Params {
+    const int32_t* counts;  // [4, tiles]
+    const int4* entries;    // [4, tiles, 128]
+    const int32_t* wpos;    // [T]
+    MsaVarlen varlen;
+    uint16_t* out;
+    float* lse;
+    int tiles;
+    int union_max;
+};
+
+#if MSA_FWD_SM90_BODY
+using namespace msa::sm90;
+
+__device__ __forceinline__ bool takes(int u, int union_max) { return u <= union_max; }
+
+// 2^x by the MUFU unit, denormal results flushed (exp2f adds range fix-ups around it).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Row state of one thread: rows r0 = lane/4 and r1 = r0 + 8 of its warp.
+struct RowSoftmax {
+    float m[2];  // running max of raw scores
+    float l[2];  // this thread's share of the running sum
+
+    __device__ __forceinline__ void init() {
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+    }
+
+    // Masks columns >= n_visible, updates the running max, turns s into P (fp32) and returns
+    // the factors that rescale O. Call only when n_visible > 0 (then every row has a visible
+    // key, so the new max is finite).
+    __device__ __forceinline__ void step(float (&s)[64], int n_visible, float (&corr)[2]) {
+        const int c = 2 * (threadIdx.x & 3);
+        if (n_visible < kBlock) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (8 * i + c + e >= n_visible) s[4 * i + e] = s[4 * i + 2 + e] = -INFINITY;
+        }
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            corr[r] = ex2((m[r] - mx[r]) * kScaleLog2e);  // 0 on the first visible block
+            m[r] = mx[r];
+            l[r] *= corr[r];
+        }
+        const float mb0 = m[0] * kScaleLog2e, mb1 = m[1] * kScaleLog2e;
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            s[4 * i] = ex2(fmaf(s[4 * i], kScaleLog2e, -mb0));
+            s[4 * i + 1] = ex2(fmaf(s[4 * i + 1], kScaleLog2e, -mb0));
+            s[4 * i + 2] = ex2(fmaf(s[4 * i + 2], kScaleLog2e, -mb1));
+            s[4 * i + 3] = ex2(fmaf(s[4 * i + 3], kScaleLog2e, -mb1));
+            sum0 += s[4 * i] + s[4 * i + 1];
+            sum1 += s[4 * i + 2] + s[4 * i + 3];
+        }
+        l[0] += sum0;
+        l[1] += sum1;
+    }
+};
+
+__device__ __forceinline__ void to_a_frags(const float (&p)[64], uint32_t (&a)[8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+        a[kk][0] = pack_bf16(p[8 * kk], p[8 * kk + 1]);
+        a[kk][1] = pack_bf16(p[8 * kk + 2], p[8 * kk + 3]);
+        a[kk][2] = pack_bf16(p[8 * kk + 4], p[8 * kk + 5]);
+        a[kk][3] = pack_bf16(p[8 * kk + 6], p[8 * kk + 7]);
+    }
+}
+
+// Skipped (exactly: the factors are 1) when no row of the warp found a larger maximum.
+__device__ __forceinline__ void rescale(float (&o)[64], const float (&corr)[2]) {
+    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        o[4 * i] *= corr[0];
+        o[4 * i + 1] *= corr[0];
+        o[4 * i + 2] *= corr[1];
+        o[4 * i + 3] *= corr[1];
+    }
+}
+
+// S = Q K^T for this warpgroup's 64 rows: 8 k-steps of 16 head dims, 4 per 64-column half.
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t off = (ks >> 2) * kHalfBytes + (ks & 3) * 32;
+        wgmma_m64n128k16_ss<0>(s, sw128_desc(q_addr + off, 16, 1024), sw128_desc(k_addr + off, 16, 1024), ks > 0);
+    }
+}
+
+// O += P V: 8 k-steps of 16 keys; V is MN-major (rows = keys), its second 64-d half at LBO.
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][4], uint32_t v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_m64n128k16_rs<1>(o, p[kk], sw128_desc(v_addr + kk * 2048, kHalfBytes, 1024), 1);
+}
+
+__device__ __forceinline__ void release(uint64_t* bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+
+// Named barriers 1 + w: consumer warpgroup w may issue its matrix products.
+__device__ __forceinline__ void turn_wait(int wg) { named_sync(1 + wg, 256); }
+__device__ __forceinline__ void turn_pass(int wg) { named_arrive(1 + (wg ^ 1), 256); }
+
+// The CTA's items in order, with the next item's union size (and one word per query of it)
+// loaded a whole item ahead, so no tile starts on a global-memory round trip.
+struct ItemCursor {
+    int item, u, next_u;
+
+    __device__ __forceinline__ ItemCursor(const Params& p) : item(blockIdx.x) {
+        const int items = kGroups * p.tiles;
+        u = item < items ? p.counts[item] : 0;
+        next_u = item + static_cast<int>(gridDim.x) < items ? p.counts[item + gridDim.x] : 0;
+    }
+    __device__ __forceinline__ bool valid(const Params& p) const { return item < kGroups * p.tiles; }
+    __device__ __forceinline__ void advance(const Params& p) {
+        item += gridDim.x;
+        u = next_u;
+        const int after = item + static_cast<int>(gridDim.x);
+        next_u = after < kGroups * p.tiles ? p.counts[after] : 0;
+    }
+};
+
+// Normalizes O and writes this warp's query (16 heads x 128) and its LSE; l is the thread's share
+// of the row sums. Rows with no visible key get O = 0, LSE = -inf.
+__device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[2], const float (&l_part)[2], int t,
+                                         int g, bool valid, const Params& p) {
+    const int lane = threadIdx.x & 31;
+    float l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = l_part[r];
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    if (!valid) return;
+    const int c = 2 * (lane & 3);
+    const int h0 = g * kHeadsPerGroup + (lane >> 2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int h = h0 + 8 * r;
+        const bool any = l[r] > 0.f;
+        const float inv = any ? 1.f / l[r] : 0.f;
+        uint32_t* row = reinterpret_cast<uint32_t*>(p.out + (static_cast<int64_t>(t) * kHeads + h) * kHeadDim + c);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) row[4 * i] = pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+        if (c == 0) p.lse[static_cast<int64_t>(t) * kHeads + h] = any ? m[r] * kScale + logf(l[r]) : -INFINITY;
+    }
+}
+
+// This warp's query in one item: packed index, group, workspace position (-1 past T).
+struct TileQuery {
+    int t, g, wpos;
+    __device__ __forceinline__ bool valid() const { return wpos >= 0; }
+};
+
+// The consumer's view of one stage: waits for K, issues S = QK^T (uncommitted wait), and returns
+// how many keys of the block this warp's query sees (0: not chosen, P = 0).
+struct ConsumerState {
+    Smem& sm;
+    uint32_t q_addr;
+    float s[64];
+    uint32_t pa[8][4];
+    RowSoftmax rs;
+
+    __device__ __forceinline__ int qk(int stage, uint32_t phase, const TileQuery& q, int token) {
+        mbar_wait(&sm.k_full[stage], phase);
+        const StageInfo inf = sm.info[stage];
+        const bool chose = q.valid() && ((inf.w >> token) & 1);
+        const int nv = chose ? visible_keys(q.wpos, inf.x, inf.z) : 0;
+        wgmma_fence();
+        issue_qk(s, q_addr, smem_u32(sm.k[stage]));
+        wgmma_commit();
+        return nv;
+    }
+    // Exponentiates s in place and returns O's rescale factors: 1 when this query skips the
+    // block, 0 while the tile has had no visible key yet (so O, still holding the previous
+    // tile, restarts from zero at the first PV of the tile).
+    __device__ __forceinline__ void softmax(int nv, float (&corr)[2]) {
+        corr[0] = rs.m[0] == -INFINITY ? 0.f : 1.f;
+        corr[1] = rs.m[1] == -INFINITY ? 0.f : 1.f;
+        if (nv > 0) rs.step(s, nv, corr);
+    }
+    // P in registers, only once no wgmma still reads the previous P.
+    __device__ __forceinline__ void to_p(int nv) {
+        if (nv > 0) {
+            to_a_frags(s, pa);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+        }
+    }
+};
+
+__device__ __forceinline__ void zero(float (&o)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+}
+
+// Per item: S, softmax and PV of each block in turn, nothing in flight across blocks or tiles.
+// The reference schedule for the streaming consumer below.
+__device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int wg) {
+    const int token = 4 * wg + ((threadIdx.x >> 5) & 3);
+    int tile_it = 0, kb = 0;
+    ConsumerState cs{sm};
+    float o[64];
+    for (ItemCursor it(p); it.valid(p); it.advance(p)) {
+        const int u = it.u;
+        if (!takes(u, p.union_max)) continue;
+        TileQuery q;
+        q.g = it.item / p.tiles;
+        q.t = (it.item - q.g * p.tiles) * kQueriesPerCta + token;
+        q.wpos = q.t < p.varlen.total_q ? p.wpos[q.t] : -1;
+        const int qb = tile_it & 1;
+        mbar_wait(&sm.q_full[qb], (tile_it >> 1) & 1);
+        cs.q_addr = smem_u32(sm.q[qb]) + wg * kWgRowBytes;
+        cs.rs.init();
+        zero(o);
+        for (int j = 0; j < u; ++j, ++kb) {
+            const int st = kb % kStages;
+            const uint32_t ph = (kb / kStages) & 1;
+            const int nv = cs.qk(st, ph, q, token);
+            wgmma_wait<0>();
+            fence_regs(cs.s);
+            release(&sm.k_empty[st]);
+            float corr[2];
+            cs.softmax(nv, corr);
+            cs.to_p(nv);
+            rescale(o, corr);
+            mbar_wait(&sm.v_full[st], ph);
+            wgmma_fence();
+            issue_pv(o, cs.pa, smem_u32(sm.v[st]));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(&sm.v_empty[st]);
+        }
+        release(&sm.q_empty[qb]);
+        epilogue(o, cs.rs.m, cs.rs.l, q.t, q.g, q.valid(), p);
+        ++tile_it;
+    }
+}
+
+// Writes O = 0 and LSE = -inf for this warp's query: a tile whose queries selected nothing.
+__device__ __forceinline__ void epilogue_empty(const TileQuery& q, const Params& p) {
+    const float o[64] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    epilogue(o, m, l, q.t, q.g, q.valid(), p);
+}
+
+// One continuous stream of (tile, block) pairs over the CTA's non-empty tiles: S of a block is
+// issued together with PV of the block before it (of the same or the previous tile), the
+// softmax runs while that PV is in flight, and a tile's epilogue runs once its last PV is done,
+// after the next tile's first softmax. The two consumer warpgroups alternate their issues
+// (pingpong). The issue/wait sequence is straight-line in the loop body: ptxas serializes wgmma
+// whose completion it cannot track through data-dependent branches (warning C7518).
+__device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int wg) {
+    const int token = 4 * wg + ((threadIdx.x >> 5) & 3);
+    int tile_it = 0, kb = 0, vb = 0;  // tiles, K stage uses, V stage uses
+    ConsumerState cs{sm};
+    cs.rs.init();
+    float o[64];
+    zero(o);
+    float corr[2];
+    ItemCursor it(p);
+    int qb = 0, u = 0;
+    TileQuery q{};
+    // This warp's query of `item`; its position is loaded one item ahead (pf_*).
+    int pf_item = -1, pf_wpos = -1;
+    auto wpos_at = [&](int item) {
+        const int t = (item % p.tiles) * kQueriesPerCta + token;
+        return t < p.varlen.total_q ? p.wpos[t] : -1;
+    };
+    auto query_of = [&](int item) {
+        TileQuery r;
+        r.g = item / p.tiles;
+        r.t = (item - r.g * p.tiles) * kQueriesPerCta + token;
+        r.wpos = item == pf_item ? pf_wpos : wpos_at(item);
+        return r;
+    };
+    // Moves to the next tile with blocks (the cursor's current item first), answering the
+    // tiles without blocks on the way; false when the CTA has no more tiles.
+    auto next_tile = [&]() -> bool {
+        for (; it.valid(p); it.advance(p)) {
+            if (!takes(it.u, p.union_max)) continue;
+            q = query_of(it.item);
+            qb = tile_it & 1;
+            mbar_wait(&sm.q_full[qb], (tile_it >> 1) & 1);
+            ++tile_it;
+            if (it.u > 0) {
+                u = it.u;
+                cs.q_addr = smem_u32(sm.q[qb]) + wg * kWgRowBytes;
+                it.advance(p);
+                if (it.valid(p)) {
+                    pf_item = it.item;
+                    pf_wpos = wpos_at(it.item);
+                }
+                return true;
+            }
+            release(&sm.q_empty[qb]);
+            epilogue_empty(q, p);
+        }
+        return false;
+    };
+    if (wg == 1) turn_pass(wg);  // warpgroup 0 issues first
+    if (!next_tile()) return;
+
+    // The first block: S alone.
+    int j = 0;
+    turn_wait(wg);
+    int nv = cs.qk(kb % kStages, (kb / kStages) & 1, q, token);
+    turn_pass(wg);
+    wgmma_wait<0>();
+    fence_regs(cs.s);
+    release(&sm.k_empty[kb % kStages]);
+    ++kb;
+    if (u == 1) release(&sm.q_empty[qb]);
+    cs.softmax(nv, corr);
+    cs.to_p(nv);
+    TileQuery owner = q;  // the tile o belongs to
+
+    while (true) {
+        // Advance to the next (tile, block); at a tile boundary keep the finished tile's
+        // statistics (final: its last softmax is done) for its epilogue below.
+        bool boundary = false;
+        float prev_m[2], prev_l[2];
+        if (++j == u) {
+            prev_m[0] = cs.rs.m[0];
+            prev_m[1] = cs.rs.m[1];
+            prev_l[0] = cs.rs.l[0];
+            prev_l[1] = cs.rs.l[1];
+            if (!next_tile()) break;
+            cs.rs.init();
+            boundary = true;
+            j = 0;
+        }
+        const int sk = kb % kStages, sv = vb % kStages;
+        turn_wait(wg);
+        nv = cs.qk(sk, (kb / kStages) & 1, q, token);
+        rescale(o, corr);
+        mbar_wait(&sm.v_full[sv], (vb / kStages) & 1);
+        wgmma_fence();
+        issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
+        wgmma_commit();
+        turn_pass(wg);
+        wgmma_wait<1>();
+        fence_regs(cs.s);
+        release(&sm.k_empty[sk]);
+        ++kb;
+        if (j == u - 1) release(&sm.q_empty[qb]);  // the tile's last S has read Q
+        cs.softmax(nv, corr);
+        wgmma_wait<0>();
+        fence_regs(o);
+        release(&sm.v_empty[sv]);
+        ++vb;
+        if (boundary) {
+            epilogue(o, prev_m, prev_l, owner.t, owner.g, owner.valid(), p);
+            owner = q;
+        }
+        cs.to_p(nv);
+    }
+
+    // The last block's PV.
+    const int sv = vb % kStages;
+    rescale(o, corr);
+    mbar_wait(&sm.v_full[sv], (vb / kStages) & 1);
+    turn_wait(wg);
+    wgmma_fence();
+    issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
+    wgmma_commit();
+    turn_pass(wg);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(&sm.v_empty[sv]);
+    epilogue(o, cs.rs.m, cs.rs.l, owner.t, owner.g, owner.valid(), p);
+}
+
+// Warp 0 of the producer warpgroup: the warp copies each tile's union into shared memory, lane 0
+// issues the TMA loads (Q once per tile, then K and V of every union block).
+__device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* kmap,
+                                         const CUtensorMap* vmap) {
+    const int lane = threadIdx.x & 31;
+    int tile_it = 0, kb = 0;
+    for (ItemCursor it(p); it.valid(p); it.advance(p)) {
+        const int u = it.u;
+        if (!takes(u, p.union_max)) continue;
+        const int g = it.item / p.tiles, tile = it.item - g * p.tiles;
+        // The union's loads go out first; Q is issued while they are in flight.
+        const int4* entries = p.entries + static_cast<int64_t>(it.item) * kUnionMax;
+        int4 mine[kUnionMax / 32];
+#pragma unroll
+        for (int r = 0; r < kUnionMax / 32; ++r)
+            if (lane + 32 * r < u) mine[r] = entries[lane + 32 * r];
+        const int qb = tile_it & 1;
+        if (lane == 0) {
+            mbar_wait(&sm.q_empty[qb], ((tile_it >> 1) & 1) ^ 1);
+            mbar_arrive_expect_tx(&sm.q_full[qb], kTileBytes);
+            for (int half = 0; half < 2; ++half)
+                tma_load_3d(sm.q[qb] + half * kHalfBytes, qmap, &sm.q_full[qb], 64 * half, g * kHeadsPerGroup,
+                            tile * kQueriesPerCta);
+        }
+#pragma unroll
+        for (int r = 0; r < kUnionMax / 32; ++r)
+            if (lane + 32 * r < u) sm.list[lane + 32 * r] = mine[r];
+        __syncwarp();
+        if (lane == 0) {
+            for (int j = 0; j < u; ++j, ++kb) {
+                const int st = kb % kStages;
+                const uint32_t ph = ((kb / kStages) & 1) ^ 1;
+                const StageInfo e = sm.list[j];
+                mbar_wait(&sm.k_empty[st], ph);
+                sm.info[st] = e;
+                mbar_arrive_expect_tx(&sm.k_full[st], kTileBytes);
+                for (int half = 0; half < 2; ++half)
+                    tma_load_2d(sm.k[st] + half * kHalfBytes, kmap, &sm.k_full[st], g * kHeadDim + 64 * half, e.y);
+                mbar_wait(&sm.v_empty[st], ph);
+                mbar_arrive_expect_tx(&sm.v_full[st], kTileBytes);
+                for (int half = 0; half < 2; ++half)
+                    tma_load_2d(sm.v[st] + half * kHalfBytes, vmap, &sm.v_full[st], g * kHeadDim + 64 * half, e.y);
+            }
+        }
+        __syncwarp();
+        ++tile_it;
+    }
+}
+#endif  // MSA_FWD_SM90_BODY
+
+// The consumers' schedules, in the order they were built (docs/perf/attention-forward-sm90.md).
+enum class Schedule { kSerial, kStream };
+
+template <Schedule kSchedule>
+__global__ void __launch_bounds__(kThreads, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                   const __grid_constant__ CUtensorMap vmap, const Params p) {
+#if MSA_FWD_SM90_BODY
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&qmap);
+        tma_prefetch_map(&kmap);
+        tma_prefetch_map(&vmap);
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(&sm.q_full[b], 1);
+            mbar_init(&sm.q_empty[b], 8);
+        }
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(&sm.k_full[s], 1);
+            mbar_init(&sm.v_full[s], 1);
+            mbar_init(&sm.k_empty[s], 8);
+            mbar_init(&sm.v_empty[s], 8);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (warp < 4) {
+        regs_dealloc<40>();
+        if (warp == 0) producer(sm, p, &qmap, &kmap, &vmap);
+    } else {
+        regs_alloc<232>();
+        if constexpr (kSchedule == Schedule::kStream) {
+            consumer_stream(sm, p, warp / 4 - 1);
+        } else {
+            consumer_serial(sm, p, warp / 4 - 1);
+        }
+    }
+#endif
+}
+
+// Encodes the maps and launches on `sms` persistent CTAs. counts/entries come from
+// tile_union_kernel over the same topk and varlen.
+template <Schedule kSchedule>
+inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int sms,
+                                  cudaStream_t stream) {
+    const MsaVarlen& vl = p.varlen;
+    if (vl.total_q <= 0) return cudaSuccess;
+    CUtensorMap qmap, kmap, vmap;
+    {
+        // q [T, 64, 128]: boxes of (64 d, 16 heads, 8 tokens).
+        const uint64_t dims[3] = {kHeadDim, kHeads, static_cast<uint64_t>(vl.total_q)};
+        const uint64_t strides[2] = {kHeadDim * 2, kHeads * kHeadDim * 2};
+        const uint32_t box[3] = {64, kHeadsPerGroup, kQueriesPerCta};
+        cudaError_t e = sm90::encode_bf16_sw128(&qmap, q, 3, dims, strides, box);
+        if (e != cudaSuccess) return e;
+    }
+    for (int which = 0; which < 2; ++which) {
+        // k, v [Tk, 4 * 128] as rows: boxes of (64 d, 128 keys).
+        const uint64_t dims[2] = {kGroups * kHeadDim, static_cast<uint64_t>(vl.total_k > 0 ? vl.total_k : 1)};
+        const uint64_t strides[1] = {kGroups * kHeadDim * 2};
+        const uint32_t box[2] = {64, kBlock};
+        cudaError_t e = sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box);
+        if (e != cudaSuccess) return e;
+    }
+    auto kernel = forward_kernel<kSchedule>;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (e != cudaSuccess) return e;
+    const int items = kGroups * p.tiles;
+    const int grid = items < sms ? items : sms;
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(qmap, kmap, vmap, p);
+    return cudaGetLastError();
+}
+
+}  // namespace msa::fwd90

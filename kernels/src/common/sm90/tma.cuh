@@ -1,0 +1,71 @@
+// Tensor memory accelerator (TMA) copies for the sm_90a kernels: device-side bulk tensor loads
+// that complete on an mbarrier, and the host-side encoding of their tensor maps. The maps are
+// passed to kernels by value as __grid_constant__ parameters, so a CUDA graph captures them
+// with the launch.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include "common/sm90/wgmma.cuh"
+
+namespace msa::sm90 {
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Copies the box at element coordinates (x, y) of a 2-D map into `dst`; the bytes count
+// towards `bar`'s transaction total. Rows past the tensor's end arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+        "[%2];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y, int z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, "
+        "%5}], [%2];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so the library needs no link
+// against libcuda (the runtime already loads it). Resolved once per process.
+inline cudaError_t tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* out) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static const cudaError_t status = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+        if (e == cudaSuccess && (q != cudaDriverEntryPointSuccess || p == nullptr)) e = cudaErrorNotSupported;
+        fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+        return e;
+    }();
+    *out = fn;
+    return status;
+}
+
+// A bf16 tensor map with 128-byte swizzle: `rank` dimensions, innermost first (`dims` in
+// elements, `strides` in bytes for dimensions 1..rank-1), boxes of `box` elements (box[0] * 2
+// must be <= 128 bytes for the swizzle). Out-of-range elements load as zeros.
+inline cudaError_t encode_bf16_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                                     const uint64_t* strides, const uint32_t* box) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    const cudaError_t e = tensor_map_encoder(&encode);
+    if (e != cudaSuccess) return e;
+    const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                              const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace msa::sm90
