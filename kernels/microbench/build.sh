@@ -23,3 +23,5 @@ build() {
 build m1_tma_l2 "$here/m1_tma_l2.cu"
 build m4_bulk_reduce "$here/m4_bulk_reduce.cu"
 build m2_forward_sm90 "$here/m2_forward_sm90.cu" "$root/kernels/src/attention/forward.cu"
+# Three K stages (K one block further ahead): shared memory at the 227 KiB limit.
+build m2_forward_sm90_k3 -DMSA_FWD_K_STAGES=3 "$here/m2_forward_sm90.cu" "$root/kernels/src/attention/forward.cu"

@@ -41,7 +41,11 @@
 namespace msa::fwd90 {
 
 constexpr int kThreads = 384;
-constexpr int kStages = 2;
+#ifndef MSA_FWD_K_STAGES
+#define MSA_FWD_K_STAGES 2
+#endif
+constexpr int kStagesK = MSA_FWD_K_STAGES;  // K runs one block further ahead than V
+constexpr int kStagesV = 2;
 constexpr int kRows = kQueriesPerCta * kHeadsPerGroup;     // 128
 constexpr int kHalfBytes = kRows * 64 * 2;                 // one 64-column half of a 128-row tile
 constexpr int kTileBytes = 2 * kHalfBytes;                 // 32 KiB
@@ -53,14 +57,14 @@ using StageInfo = int4;
 
 struct Smem {
     uint8_t q[2][kTileBytes];
-    uint8_t k[kStages][kTileBytes];
-    uint8_t v[kStages][kTileBytes];
-    StageInfo info[kStages];
+    uint8_t k[kStagesK][kTileBytes];
+    uint8_t v[kStagesV][kTileBytes];
+    StageInfo info[kStagesK];
     StageInfo list[kUnionMax];  // the producer's copy of the current tile's union
     uint64_t q_full[2], q_empty[2];
-    uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+    uint64_t k_full[kStagesK], k_empty[kStagesK], v_full[kStagesV], v_empty[kStagesV];
 };
-constexpr int kSmemBytes = static_cast<int>(sizeof(Smem)) + 1024;  // + alignment slack
+constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
 
 struct Params {
     const int32_t* counts;  // [4, tiles]
@@ -251,13 +255,12 @@ struct ConsumerState {
 
     __device__ __forceinline__ int qk(int stage, uint32_t phase, const TileQuery& q, int token) {
         mbar_wait(&sm.k_full[stage], phase);
-        const StageInfo inf = sm.info[stage];
-        const bool chose = q.valid() && ((inf.w >> token) & 1);
-        const int nv = chose ? visible_keys(q.wpos, inf.x, inf.z) : 0;
         wgmma_fence();
         issue_qk(s, q_addr, smem_u32(sm.k[stage]));
         wgmma_commit();
-        return nv;
+        const StageInfo inf = sm.info[stage];
+        const bool chose = q.valid() && ((inf.w >> token) & 1);
+        return chose ? visible_keys(q.wpos, inf.x, inf.z) : 0;
     }
     // Exponentiates s in place and returns O's rescale factors: 1 when this query skips the
     // block, 0 while the tile has had no visible key yet (so O, still holding the previous
@@ -303,23 +306,22 @@ __device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int w
         cs.rs.init();
         zero(o);
         for (int j = 0; j < u; ++j, ++kb) {
-            const int st = kb % kStages;
-            const uint32_t ph = (kb / kStages) & 1;
-            const int nv = cs.qk(st, ph, q, token);
+            const int sk = kb % kStagesK, sv = kb % kStagesV;
+            const int nv = cs.qk(sk, (kb / kStagesK) & 1, q, token);
             wgmma_wait<0>();
             fence_regs(cs.s);
-            release(&sm.k_empty[st]);
+            release(&sm.k_empty[sk]);
             float corr[2];
             cs.softmax(nv, corr);
             cs.to_p(nv);
             rescale(o, corr);
-            mbar_wait(&sm.v_full[st], ph);
+            mbar_wait(&sm.v_full[sv], (kb / kStagesV) & 1);
             wgmma_fence();
-            issue_pv(o, cs.pa, smem_u32(sm.v[st]));
+            issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(o);
-            release(&sm.v_empty[st]);
+            release(&sm.v_empty[sv]);
         }
         release(&sm.q_empty[qb]);
         epilogue(o, cs.rs.m, cs.rs.l, q.t, q.g, q.valid(), p);
@@ -393,11 +395,11 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     // The first block: S alone.
     int j = 0;
     turn_wait(wg);
-    int nv = cs.qk(kb % kStages, (kb / kStages) & 1, q, token);
+    int nv = cs.qk(kb % kStagesK, (kb / kStagesK) & 1, q, token);
     turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(cs.s);
-    release(&sm.k_empty[kb % kStages]);
+    release(&sm.k_empty[kb % kStagesK]);
     ++kb;
     if (u == 1) release(&sm.q_empty[qb]);
     cs.softmax(nv, corr);
@@ -419,11 +421,11 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
             boundary = true;
             j = 0;
         }
-        const int sk = kb % kStages, sv = vb % kStages;
+        const int sk = kb % kStagesK, sv = vb % kStagesV;
         turn_wait(wg);
-        nv = cs.qk(sk, (kb / kStages) & 1, q, token);
+        nv = cs.qk(sk, (kb / kStagesK) & 1, q, token);
         rescale(o, corr);
-        mbar_wait(&sm.v_full[sv], (vb / kStages) & 1);
+        mbar_wait(&sm.v_full[sv], (vb / kStagesV) & 1);
         wgmma_fence();
         issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
         wgmma_commit();
@@ -446,9 +448,9 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     }
 
     // The last block's PV.
-    const int sv = vb % kStages;
+    const int sv = vb % kStagesV;
     rescale(o, corr);
-    mbar_wait(&sm.v_full[sv], (vb / kStages) & 1);
+    mbar_wait(&sm.v_full[sv], (vb / kStagesV) & 1);
     turn_wait(wg);
     wgmma_fence();
     issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
@@ -465,7 +467,17 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
 __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* kmap,
                                          const CUtensorMap* vmap) {
     const int lane = threadIdx.x & 31;
-    int tile_it = 0, kb = 0;
+    int tile_it = 0, kb = 0, vb = 0;
+    bool v_pending = false;
+    int v_col = 0, v_row = 0;
+    auto load_v = [&] {
+        const int sv = vb % kStagesV;
+        mbar_wait(&sm.v_empty[sv], ((vb / kStagesV) & 1) ^ 1);
+        mbar_arrive_expect_tx(&sm.v_full[sv], kTileBytes);
+        for (int half = 0; half < 2; ++half)
+            tma_load_2d(sm.v[sv] + half * kHalfBytes, vmap, &sm.v_full[sv], v_col + 64 * half, v_row);
+        ++vb;
+    };
     for (ItemCursor it(p); it.valid(p); it.advance(p)) {
         const int u = it.u;
         if (!takes(u, p.union_max)) continue;
@@ -490,23 +502,24 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
         __syncwarp();
         if (lane == 0) {
             for (int j = 0; j < u; ++j, ++kb) {
-                const int st = kb % kStages;
-                const uint32_t ph = ((kb / kStages) & 1) ^ 1;
+                const int sk = kb % kStagesK;
                 const StageInfo e = sm.list[j];
-                mbar_wait(&sm.k_empty[st], ph);
-                sm.info[st] = e;
-                mbar_arrive_expect_tx(&sm.k_full[st], kTileBytes);
+                mbar_wait(&sm.k_empty[sk], ((kb / kStagesK) & 1) ^ 1);
+                sm.info[sk] = e;
+                mbar_arrive_expect_tx(&sm.k_full[sk], kTileBytes);
                 for (int half = 0; half < 2; ++half)
-                    tma_load_2d(sm.k[st] + half * kHalfBytes, kmap, &sm.k_full[st], g * kHeadDim + 64 * half, e.y);
-                mbar_wait(&sm.v_empty[st], ph);
-                mbar_arrive_expect_tx(&sm.v_full[st], kTileBytes);
-                for (int half = 0; half < 2; ++half)
-                    tma_load_2d(sm.v[st] + half * kHalfBytes, vmap, &sm.v_full[st], g * kHeadDim + 64 * half, e.y);
+                    tma_load_2d(sm.k[sk] + half * kHalfBytes, kmap, &sm.k_full[sk], g * kHeadDim + 64 * half, e.y);
+                // V trails K by one block: the consumers need V of block n only after K of n + 1.
+                if (v_pending) load_v();
+                v_pending = true;
+                v_col = g * kHeadDim;
+                v_row = e.y;
             }
         }
         __syncwarp();
         ++tile_it;
     }
+    if (lane == 0 && v_pending) load_v();
 }
 #endif  // MSA_FWD_SM90_BODY
 
@@ -518,9 +531,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, const Params p) {
 #if MSA_FWD_SM90_BODY
-    extern __shared__ uint8_t smem_raw[];
-    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
-    Smem& sm = *reinterpret_cast<Smem*>(smem_raw + pad);
+    // Swizzled tiles need 1024-byte alignment; dynamic shared memory starts aligned when the
+    // kernel has no static shared memory, and a misaligned start would fail loudly here.
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         tma_prefetch_map(&qmap);
@@ -530,10 +545,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(&sm.q_full[b], 1);
             mbar_init(&sm.q_empty[b], 8);
         }
-        for (int s = 0; s < kStages; ++s) {
+        for (int s = 0; s < kStagesK; ++s) {
             mbar_init(&sm.k_full[s], 1);
-            mbar_init(&sm.v_full[s], 1);
             mbar_init(&sm.k_empty[s], 8);
+        }
+        for (int s = 0; s < kStagesV; ++s) {
+            mbar_init(&sm.v_full[s], 1);
             mbar_init(&sm.v_empty[s], 8);
         }
         mbar_fence_init();
