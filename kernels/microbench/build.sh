@@ -10,7 +10,7 @@ tc="${MSA_TOOLCHAIN:-$HOME/.cache/msa-rs/toolchain-13.0.88}"
 nvcc="${NVCC:-$tc/nvidia/cu13/bin/nvcc}"
 mkdir -p "$out"
 flags=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a
-       -I "$root/kernels/include" -I "$root/kernels/src" -isystem "$tc/nvidia/cu13/include"
+       -I "$root/kernels/include" -I "$root/kernels/src" -I "$root/kernels" -isystem "$tc/nvidia/cu13/include"
        -L "$tc/nvidia/cu13/lib" -cudart static -Xptxas=-v)
 build() {
     local name="$1"
@@ -23,5 +23,6 @@ build() {
 build m1_tma_l2 "$here/m1_tma_l2.cu"
 build m4_bulk_reduce "$here/m4_bulk_reduce.cu"
 build m2_forward_sm90 "$here/m2_forward_sm90.cu" "$root/kernels/src/attention/forward.cu"
-# Three K stages (K one block further ahead): shared memory at the 227 KiB limit.
-build m2_forward_sm90_k3 -DMSA_FWD_K_STAGES=3 "$here/m2_forward_sm90.cu" "$root/kernels/src/attention/forward.cu"
+v1="$root/kernels/src/attention"
+build m5_backward_sm90 "$here/m5_backward_sm90.cu" "$v1/forward.cu" "$v1/backward_dq.cu" "$v1/backward_dkv.cu" \
+    "$root/kernels/src/pre_post/pre_post.cu"

@@ -1,0 +1,202 @@
+// M5: the sm_90a KV-outer backward main kernel (attention/backward_sm90.cuh) against the verified
+// v1 deterministic backward (msa_attn_backward_dq + msa_attn_backward_dkv) on the same inputs:
+// every element of dQ, dK, dV compared (relative L2 and cosine), then device-timed medians and
+// useful TFLOP/s (MSA's model: 2.5 x the forward's). The physical CSR and the work items are
+// built on the host here; the timed sm_90a path is: zero the dQ and split-row accumulators, the
+// main kernel, the dK/dV finisher and v1's dQ cast (delta excluded, as for v1).
+//
+//   m5_backward_sm90 [iters]
+#include "microbench/common.cuh"
+#include "msa/attention.h"
+#include "msa/pre_post.h"
+#include "attention/backward_sm90.cuh"
+
+namespace {
+
+// prepare's physical CSR: per (group, physical block) the packed queries that selected it,
+// ascending, with the keys of the block each sees (low 8 bits).
+struct PhysCsr {
+    std::vector<int> row_ptr, q, valid;
+};
+
+PhysCsr phys_csr(const HostLayout& h, const std::vector<int>& topk) {
+    PhysCsr c;
+    const size_t per = size_t(h.T) * 16;
+    c.row_ptr.assign(size_t(4) * (h.P + 1), 0);
+    c.q.assign(4 * per, -1);
+    c.valid.assign(4 * per, -1);
+    for (int g = 0; g < 4; ++g) {
+        std::vector<std::vector<std::pair<int, int>>> rows(h.P);
+        for (int t = 0; t < h.T; ++t) {
+            const int p = h.pos[t], base = h.phys_base_of_q[t];
+            const int klen = h.cu_k[h.qfrag[t] + 1] - h.cu_k[h.qfrag[t]];
+            const int nb = (klen + 127) / 128;
+            for (int s = 0; s < 16; ++s) {
+                const int e = topk[(size_t(g) * h.T + t) * 16 + s];
+                if (e < 0 || e >= nb || e > p / 128) continue;
+                const int pb = base + e;
+                const int vis = std::max(0, std::min(p - 128 * e + 1, h.bcount[pb]));
+                rows[pb].push_back({t, vis});
+            }
+        }
+        int at = 0;
+        for (int pb = 0; pb < h.P; ++pb) {
+            c.row_ptr[size_t(g) * (h.P + 1) + pb] = at;
+            for (auto [t, vis] : rows[pb]) {
+                c.q[g * per + at] = t;
+                c.valid[g * per + at] = vis;
+                ++at;
+            }
+        }
+        c.row_ptr[size_t(g) * (h.P + 1) + h.P] = at;
+    }
+    return c;
+}
+
+// Work items: each (group, block) row cut into chunks of at most `chunk` entries; a row cut into
+// several gets a dK/dV accumulator slot.
+struct Items {
+    std::vector<int4> items;
+    std::vector<int> split_slot;
+    int slots = 0;
+};
+
+Items work_items(const HostLayout& h, const PhysCsr& c, int chunk) {
+    Items w;
+    w.split_slot.assign(size_t(4) * h.P, -1);
+    for (int g = 0; g < 4; ++g)
+        for (int pb = 0; pb < h.P; ++pb) {
+            const int lo = c.row_ptr[size_t(g) * (h.P + 1) + pb], hi = c.row_ptr[size_t(g) * (h.P + 1) + pb + 1];
+            if (hi - lo > chunk) w.split_slot[size_t(g) * h.P + pb] = w.slots++;
+            for (int e = lo; e < hi; e += chunk) w.items.push_back(make_int4(g, pb, e, std::min(hi, e + chunk)));
+        }
+    return w;
+}
+
+struct Compare {
+    double rel_l2, cosine, max_abs;
+};
+
+Compare compare(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    double dd = 0, bb = 0, aa = 0, ab = 0, mx = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double x = bf2f(a[i]), y = bf2f(b[i]);
+        dd += (x - y) * (x - y);
+        bb += y * y;
+        aa += x * x;
+        ab += x * y;
+        if (!std::isfinite(x)) mx = INFINITY;
+        mx = std::max(mx, std::fabs(x - y));
+    }
+    return Compare{std::sqrt(dd / std::max(bb, 1e-30)), ab / std::sqrt(std::max(aa * bb, 1e-30)), mx};
+}
+
+template <class T>
+std::vector<T> download(const T* d, size_t n) {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    bool all_ok = true;
+    std::printf("%-20s %7s %9s %9s %9s %9s %9s %10s %10s %10s\n", "case", "items", "v1det_ms", "sm90_ms", "main_ms",
+                "v1det_TF", "sm90_TF", "dq_relL2", "dk_relL2", "dv_relL2");
+    for (const Case& c : standard_cases()) {
+        const HostLayout h = build(c);
+        const size_t nq = size_t(h.T) * 64 * 128, nk = size_t(h.Tk) * 4 * 128;
+        uint16_t *q, *k, *v, *dout, *out, *dq_ref, *dk_ref, *dv_ref, *dq, *dk, *dv;
+        float *lse, *delta, *dq_acc, *dkv_acc;
+        for (uint16_t** b : {&q, &dout, &out, &dq_ref, &dq}) CK(cudaMalloc(b, nq * 2));
+        for (uint16_t** b : {&k, &v, &dk_ref, &dv_ref, &dk, &dv}) CK(cudaMalloc(b, nk * 2));
+        CK(cudaMalloc(&lse, size_t(h.T) * 64 * 4));
+        CK(cudaMalloc(&delta, size_t(h.T) * 64 * 4));
+        CK(cudaMalloc(&dq_acc, nq * 4));
+        fill_random(q, nq, 11, 1.7f);
+        fill_random(k, nk, 12, 1.7f);
+        fill_random(v, nk, 13, 1.7f);
+        fill_random(dout, nq, 14, 1.0f);
+        const std::vector<int> topk_h = c.random ? random_selection(h) : recent16(h);
+        const PhysCsr csr = phys_csr(h, topk_h);
+        const Items w = work_items(h, csr, 512);
+        const std::vector<int4>& items_h = w.items;
+        const size_t acc = size_t(std::max(w.slots, 1)) * 2 * 128 * 128;
+        CK(cudaMalloc(&dkv_acc, acc * 4));
+        int* split_slot = upload(w.split_slot);
+        int* topk = upload(topk_h);
+        int* row_ptr = upload(csr.row_ptr);
+        int* qidx = upload(csr.q);
+        int* valid = upload(csr.valid);
+        int4* items = upload(items_h);
+        const MsaVarlen vl = device_varlen(h);
+
+        CK(cudaError_t(msa_attn_forward(q, k, v, topk, vl, out, lse, nullptr)));
+        CK(cudaError_t(msa_pre_post_delta(out, dout, h.T, delta, nullptr)));
+        auto run_v1 = [&] {
+            CK(cudaError_t(msa_attn_backward_dq(q, k, v, dout, lse, delta, topk, vl, dq_ref, nullptr)));
+            CK(cudaError_t(msa_attn_backward_dkv(q, k, v, dout, lse, delta, row_ptr, qidx, valid, vl, dk_ref, dv_ref,
+                                                 nullptr)));
+        };
+        const msa::bwd90::Params prm{items, int(items_h.size()), qidx, valid, lse, delta, split_slot, vl, dq_acc,
+                                     dkv_acc, dk, dv};
+        auto run_main = [&] { CK(msa::bwd90::launch_backward(q, k, v, dout, prm, sms, nullptr)); };
+        auto run_sm90 = [&] {
+            CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
+            CK(cudaMemsetAsync(dkv_acc, 0, size_t(w.slots) * 2 * 128 * 128 * 4));
+            run_main();
+            msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, dk, dv);
+            CK(cudaGetLastError());
+            CK(cudaError_t(msa_pre_post_dq(dq_acc, h.T, dq, nullptr)));
+        };
+
+        run_v1();
+        bool ok = true;
+        Compare cq{}, ck{}, cv{};
+        {
+            for (uint16_t* b : {dq, dk, dv}) CK(cudaMemset(b, 0xFF, (b == dq ? nq : nk) * 2));  // NaN poison
+            run_sm90();
+            CK(cudaDeviceSynchronize());
+            cq = compare(download(dq, nq), download(dq_ref, nq));
+            ck = compare(download(dk, nk), download(dk_ref, nk));
+            cv = compare(download(dv, nk), download(dv_ref, nk));
+            for (const Compare& x : {cq, ck, cv})
+                ok = ok && std::isfinite(x.max_abs) && x.rel_l2 <= 1e-2 && x.cosine >= 0.9999;
+        }
+        all_ok = all_ok && ok;
+
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        auto timed = [&](int variant) {
+            CK(cudaEventRecord(e0));
+            if (variant == 0) run_v1();
+            if (variant == 1) run_sm90();
+            if (variant == 2) run_main();
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float m;
+            CK(cudaEventElapsedTime(&m, e0, e1));
+            return m;
+        };
+        std::vector<float> samples[3];
+        for (int i = 0; i < 3; ++i)
+            for (int vr = 0; vr < 3; ++vr) timed(vr);
+        for (int i = 0; i < iters; ++i)
+            for (int vr = 0; vr < 3; ++vr) samples[vr].push_back(timed(vr));
+        const double useful = 2.5 * 4.0 * 128 * 64 * sparse_elements(h);
+        const float t_v1 = median(samples[0]), t_sm90 = median(samples[1]), t_main = median(samples[2]);
+        std::printf("%-20s %7zu %9.3f %9.3f %9.3f %9.1f %9.1f %10.2e %10.2e %10.2e %s (cos %.7f %.7f %.7f)\n",
+                    c.name.c_str(), items_h.size(), t_v1, t_sm90, t_main, useful / t_v1 / 1e9, useful / t_sm90 / 1e9,
+                    cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
+        for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
+                                                    dq_acc, dkv_acc, split_slot, topk, row_ptr, qidx, valid, items})
+            CK(cudaFree(b));
+    }
+    std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");
+    return all_ok ? 0 : 1;
+}

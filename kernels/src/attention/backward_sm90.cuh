@@ -1,0 +1,453 @@
+// Sparse attention backward main kernel for Hopper (sm_90a): KV-outer, FlashAttention-3's
+// head-dim-128 configuration (docs/perf/attention-backward-sm90.md). A work item is (KV group g,
+// physical block pb, a range of pb's row of prepare's physical CSR): the block's K and V stay in
+// shared memory while tiles of 4 selecting queries x the group's 16 heads (64 rows) stream
+// through. Per tile, each of two consumer warpgroups owns 64 of the block's 128 keys:
+//   S^T = K Q^T, dP^T = V dO^T        SS wgmma m64n64 (keys x rows), swapped so P^T and dS^T
+//                                      come out in the layout of an A operand;
+//   P^T = 2^(S^T scale log2e - lse log2e) on the visible (key, query) pairs, 0 elsewhere;
+//   dS^T = scale P^T (dP^T - delta)   (the softmax scale rides on dS, rounded to bf16, as v1);
+//   dV += P^T dO, dK += dS^T Q         RS wgmma m64n128: fp32 registers for the whole item;
+//   dQ = dS K                          SS wgmma m64n64 from dS^T in shared memory (each consumer
+//                                      one 64-column half of d), staged in shared memory and
+//                                      added into the fp32 dQ accumulator with one bulk
+//                                      reduce-add of 8 KiB per query.
+// At the item's end a block whose whole CSR row is this item writes dK, dV in bf16; a block whose
+// row is split over several items adds them into its fp32 slot of `dkv_acc`, and
+// backward_dkv_finish_kernel casts those (and writes zeros for the keys nobody selected).
+// A producer warp loads K and V per item and Q, dO (tensor boxes of one query's 16 heads; a
+// missing query loads zeros) and the lse / delta rows per tile into a 2-stage ring.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include "msa/common.h"
+#include "common/constants.cuh"
+#include "common/varlen.cuh"
+#include "common/sm90/barrier.cuh"
+#include "common/sm90/tma.cuh"
+#include "common/sm90/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MSA_BWD_SM90_BODY 1
+#else
+#define MSA_BWD_SM90_BODY 0
+#endif
+
+namespace msa::bwd90 {
+
+// Round-to-nearest-even bf16 pair (lo in the low half), any architecture.
+__device__ __forceinline__ uint32_t pack_bf16_host(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+constexpr int kThreads = 384;
+constexpr int kStages = 2;
+constexpr int kTileQueries = 4;
+constexpr int kRows = kTileQueries * kHeadsPerGroup;  // 64
+constexpr int kKvHalf = kBlock * 128;                 // [128 keys][64 d] bf16
+constexpr int kKvBytes = 2 * kKvHalf;
+constexpr int kQHalf = kRows * 128;                   // [64 rows][64 d] bf16
+constexpr int kQBytes = 2 * kQHalf;
+constexpr int kTokenBytes = kHeadsPerGroup * 128;     // one query's 16 rows of a half
+
+// The queries of one tile: packed index (-1 = empty slot) and keys of the block it sees.
+struct TileInfo {
+    int t[kTileQueries];
+    int nv[kTileQueries];
+};
+
+struct Smem {
+    uint8_t k[kKvBytes];
+    uint8_t v[kKvBytes];
+    uint8_t q[kStages][kQBytes];
+    uint8_t dout[kStages][kQBytes];
+    uint8_t ds[kBlock * kRows * 2];  // dS^T [128 keys][64 rows] bf16, 128-byte swizzle
+    float dq[kRows * kHeadDim];      // dQ of the tile, [64 rows][128 d]
+    float lse[kStages][kRows];
+    float delta[kStages][kRows];
+    TileInfo info[kStages];
+    uint64_t kv_full, kv_empty;
+    uint64_t q_full[kStages], q_empty[kStages];
+};
+constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
+
+struct Params {
+    const int4* items;  // (group, physical block, first CSR entry, end CSR entry)
+    int n_items;
+    const int32_t* phys_q_indices;  // [4, T * 16]
+    const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
+    const float* lse;               // [T, 64]
+    const float* delta;             // [T, 64]
+    const int32_t* split_slot;  // [4, P]: slot in dkv_acc of a row split over items, else -1
+    MsaVarlen varlen;
+    float* dq_accum;  // [T, 64, 128]
+    float* dkv_acc;   // [slots, 2, 128 keys, 128 d]: dK, dV of split rows (zeroed)
+    uint16_t* dk;     // [Tk, 4, 128]
+    uint16_t* dv;
+};
+
+#if MSA_BWD_SM90_BODY
+using namespace msa::sm90;
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Accumulator (m64 x n64, rows = keys, columns = query rows) → A fragments over the columns.
+__device__ __forceinline__ void to_a_frags(const float (&x)[32], uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        a[kk][0] = pack_bf16(x[8 * kk], x[8 * kk + 1]);
+        a[kk][1] = pack_bf16(x[8 * kk + 2], x[8 * kk + 3]);
+        a[kk][2] = pack_bf16(x[8 * kk + 4], x[8 * kk + 5]);
+        a[kk][3] = pack_bf16(x[8 * kk + 6], x[8 * kk + 7]);
+    }
+}
+
+__device__ __forceinline__ void release(uint64_t* bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+
+// Named barrier 1: both consumer warpgroups (dS complete / dQ staging free / dQ staged).
+__device__ __forceinline__ void consumers_sync() { named_sync(1, 256); }
+
+__device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int c = 2 * (lane & 3);
+    const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
+    const bool issuer = threadIdx.x == 128;               // issues the dQ reductions
+    int item_it = 0, tile_it = 0;
+    for (int it = blockIdx.x; it < p.n_items; it += gridDim.x, ++item_it) {
+        const int4 item = p.items[it];
+        const int g = item.x, pb = item.y;
+        const int tiles = (item.w - item.z + kTileQueries - 1) / kTileQueries;
+        mbar_wait(&sm.kv_full, item_it & 1);
+        float dk[64], dv[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+
+        for (int j = 0; j < tiles; ++j, ++tile_it) {
+            const int st = tile_it % kStages;
+            mbar_wait(&sm.q_full[st], (tile_it / kStages) & 1);
+            const uint32_t q_addr = smem_u32(sm.q[st]), do_addr = smem_u32(sm.dout[st]);
+            const uint32_t k_addr = smem_u32(sm.k), v_addr = smem_u32(sm.v);
+
+            // S^T and dP^T go out together; dV and dK after P and dS (computing P while dP^T is
+            // in flight and dS while dV is measured 15% slower: docs/perf/attention-backward-sm90.md).
+            float s[32], dp[32];
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+                const uint32_t half = (ks >> 2), off = (ks & 3) * 32;
+                wgmma_m64n64k16_ss<0, 0>(s, sw128_desc(k_addr + half * kKvHalf + wg * 8192 + off, 16, 1024),
+                                         sw128_desc(q_addr + half * kQHalf + off, 16, 1024), ks > 0);
+            }
+            wgmma_commit();
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks) {
+                const uint32_t half = (ks >> 2), off = (ks & 3) * 32;
+                wgmma_m64n64k16_ss<0, 0>(dp, sw128_desc(v_addr + half * kKvHalf + wg * 8192 + off, 16, 1024),
+                                         sw128_desc(do_addr + half * kQHalf + off, 16, 1024), ks > 0);
+            }
+            wgmma_commit();
+            const TileInfo info = sm.info[st];
+            wgmma_wait<0>();
+            fence_regs(s);
+            fence_regs(dp);
+
+            // P^T in place; column 8i + c + e is head (8i + c + e) % 16 of query slot i / 2.
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int nv = info.nv[i >> 1];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float lse2 = sm.lse[st][8 * i + c + e] * kLog2e;
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int idx = 4 * i + 2 * r + e;
+                        s[idx] = key0 + 8 * r < nv ? ex2(fmaf(s[idx], kScaleLog2e, -lse2)) : 0.f;
+                    }
+                }
+            }
+            uint32_t pf[4][4], dsf[4][4];
+            to_a_frags(s, pf);
+
+            // dS^T = scale P^T (dP^T - delta); zero where P is masked (select, never multiply: the
+            // masked scores may be anything).
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int nv = info.nv[i >> 1];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float dl = sm.delta[st][8 * i + c + e];
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int idx = 4 * i + 2 * r + e;
+                        dp[idx] = key0 + 8 * r < nv ? s[idx] * (dp[idx] - dl) * kScale : 0.f;
+                    }
+                }
+            }
+            to_a_frags(dp, dsf);
+            // dS^T into shared memory for dQ: element (key, col) at key * 128 + col * 2, 16-byte
+            // chunks XORed with key % 8 (the 128-byte swizzle the dQ wgmma reads).
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int key = key0 + 8 * r;
+                    const uint32_t off = key * 128 + ((i ^ (key & 7)) << 4) + c * 2;
+                    *reinterpret_cast<uint32_t*>(sm.ds + off) = dsf[i >> 1][2 * (i & 1) + r];
+                }
+            fence_proxy_async_smem();
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_m64n128k16_rs<1>(dv, pf[kk], sw128_desc(do_addr + kk * 2048, kQHalf, 1024), 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_m64n128k16_rs<1>(dk, dsf[kk], sw128_desc(q_addr + kk * 2048, kQHalf, 1024), 1);
+            wgmma_commit();
+
+            consumers_sync();  // both halves of dS^T are in shared memory
+            float dq[32];
+            const uint32_t ds_addr = smem_u32(sm.ds);
+#pragma unroll
+            for (int ks = 0; ks < 8; ++ks)
+                wgmma_m64n64k16_ss<1, 1>(dq, sw128_desc(ds_addr + ks * 2048, 16, 1024),
+                                         sw128_desc(k_addr + wg * kKvHalf + ks * 2048, 16, 1024), ks > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dv);
+            fence_regs(dk);
+            fence_regs(dq);
+            release(&sm.q_empty[st]);
+
+            // Stage dQ ([64 rows][128 d] fp32; this warpgroup's 64 columns) once the previous
+            // tile's reductions have read the staging buffer, then reduce it per query.
+            if (issuer) bulk_wait_read_all();
+            consumers_sync();
+            {
+                const int row0 = 16 * warp + (lane >> 2);
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        *reinterpret_cast<float2*>(&sm.dq[(row0 + 8 * r) * kHeadDim + 64 * wg + 8 * i + c]) =
+                            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+            }
+            fence_proxy_async_smem();
+            consumers_sync();
+            if (issuer) {
+#pragma unroll
+                for (int slot = 0; slot < kTileQueries; ++slot) {
+                    const int t = info.t[slot];
+                    if (t >= 0)
+                        bulk_reduce_add_f32(
+                            p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
+                            &sm.dq[slot * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                }
+                bulk_commit();
+            }
+        }
+        release(&sm.kv_empty);
+
+        // dK, dV of this thread's two keys (rows past the block's keys skipped).
+        const BlockKeys bk = block_keys(p.varlen, pb);
+        const int slot = p.split_slot[g * p.varlen.padded_kv_blocks + pb];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int key = key0 + 8 * r;
+            if (key >= bk.count) continue;
+            if (slot < 0) {
+                const int64_t base = (static_cast<int64_t>(bk.start) + key) * kKRowElems + g * kHeadDim + c;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                    *reinterpret_cast<uint32_t*>(p.dk + base + 8 * i) = pack_bf16(dk[4 * i + 2 * r], dk[4 * i + 2 * r + 1]);
+                    *reinterpret_cast<uint32_t*>(p.dv + base + 8 * i) = pack_bf16(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+                }
+            } else {
+                float* acc = p.dkv_acc + ((static_cast<int64_t>(slot) * 2 * kBlock) + key) * kHeadDim + c;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                    atomicAdd(reinterpret_cast<float2*>(acc + 8 * i), make_float2(dk[4 * i + 2 * r], dk[4 * i + 2 * r + 1]));
+                    atomicAdd(reinterpret_cast<float2*>(acc + kBlock * kHeadDim + 8 * i),
+                              make_float2(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]));
+                }
+            }
+        }
+    }
+    if (issuer) bulk_wait_all();
+}
+
+// Warp 0 of the producer warpgroup. Lanes 0..3 read the tile's CSR entries; lane 0 issues.
+__device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* omap,
+                                         const CUtensorMap* kmap, const CUtensorMap* vmap) {
+    const int lane = threadIdx.x & 31;
+    const MsaVarlen& vl = p.varlen;
+    const int64_t per_group = static_cast<int64_t>(vl.total_q) * kTopK;
+    int item_it = 0, tile_it = 0;
+    for (int it = blockIdx.x; it < p.n_items; it += gridDim.x, ++item_it) {
+        const int4 item = p.items[it];
+        const int g = item.x, pb = item.y;
+        const BlockKeys bk = block_keys(vl, pb);
+        if (lane == 0) {
+            mbar_wait(&sm.kv_empty, (item_it & 1) ^ 1);
+            mbar_arrive_expect_tx(&sm.kv_full, 2 * kKvBytes);
+            for (int half = 0; half < 2; ++half) {
+                tma_load_2d(sm.k + half * kKvHalf, kmap, &sm.kv_full, g * kHeadDim + 64 * half, bk.start);
+                tma_load_2d(sm.v + half * kKvHalf, vmap, &sm.kv_full, g * kHeadDim + 64 * half, bk.start);
+            }
+        }
+        for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
+            const int st = tile_it % kStages;
+            int t = -1, nv = 0;
+            if (lane < kTileQueries && e + lane < item.w) {
+                t = p.phys_q_indices[g * per_group + e + lane];
+                nv = min(p.phys_valid[g * per_group + e + lane] & 0xff, bk.count);
+                if (t < 0 || t >= vl.total_q || nv <= 0) t = -1, nv = 0;
+            }
+            TileInfo info;
+#pragma unroll
+            for (int s = 0; s < kTileQueries; ++s) {
+                info.t[s] = __shfl_sync(0xffffffffu, t, s);
+                info.nv[s] = __shfl_sync(0xffffffffu, nv, s);
+            }
+            if (lane == 0) {
+                mbar_wait(&sm.q_empty[st], ((tile_it / kStages) & 1) ^ 1);
+                sm.info[st] = info;
+                int valid = 0;
+#pragma unroll
+                for (int s = 0; s < kTileQueries; ++s) valid += info.t[s] >= 0;
+                mbar_arrive_expect_tx(&sm.q_full[st], 2 * kQBytes + valid * 2 * kHeadsPerGroup * 4);
+#pragma unroll
+                for (int s = 0; s < kTileQueries; ++s) {
+                    // An empty slot loads the rows past T: zeros, so 0 * dO stays 0 in dV.
+                    const int z = info.t[s] >= 0 ? info.t[s] : vl.total_q;
+                    for (int half = 0; half < 2; ++half) {
+                        tma_load_3d(sm.q[st] + half * kQHalf + s * kTokenBytes, qmap, &sm.q_full[st], 64 * half,
+                                    g * kHeadsPerGroup, z);
+                        tma_load_3d(sm.dout[st] + half * kQHalf + s * kTokenBytes, omap, &sm.q_full[st], 64 * half,
+                                    g * kHeadsPerGroup, z);
+                    }
+                    if (info.t[s] >= 0) {
+                        const int64_t row = static_cast<int64_t>(info.t[s]) * kHeads + g * kHeadsPerGroup;
+                        bulk_load(&sm.lse[st][s * kHeadsPerGroup], p.lse + row, kHeadsPerGroup * 4, &sm.q_full[st]);
+                        bulk_load(&sm.delta[st][s * kHeadsPerGroup], p.delta + row, kHeadsPerGroup * 4,
+                                  &sm.q_full[st]);
+                    }
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+#endif  // MSA_BWD_SM90_BODY
+
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap omap,
+                    const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap, const Params p) {
+#if MSA_BWD_SM90_BODY
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    const int warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&qmap);
+        tma_prefetch_map(&omap);
+        tma_prefetch_map(&kmap);
+        tma_prefetch_map(&vmap);
+        mbar_init(&sm.kv_full, 1);
+        mbar_init(&sm.kv_empty, 8);
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(&sm.q_full[s], 1);
+            mbar_init(&sm.q_empty[s], 8);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (warp < 4) {
+        regs_dealloc<40>();
+        if (warp == 0) producer(sm, p, &qmap, &omap, &kmap, &vmap);
+    } else {
+        regs_alloc<232>();
+        consumer(sm, p, warp / 4 - 1);
+    }
+#endif
+}
+
+// Per (physical block, group): a row split over items casts its dkv_acc slot to bf16; an empty
+// row (nobody selected the block) writes zeros; a row owned by one item was written by it.
+// Grid (P, 4), 128 threads: 16 threads per key row (16 bytes of dK and dV each), 8 rows a pass.
+__global__ void __launch_bounds__(kBlock)
+    backward_dkv_finish_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
+                               const float* __restrict__ dkv_acc, const MsaVarlen varlen, uint16_t* __restrict__ dk,
+                               uint16_t* __restrict__ dv) {
+    const int pb = blockIdx.x, g = blockIdx.y;
+    const BlockKeys bk = block_keys(varlen, pb);
+    const int32_t* row_ptr = phys_row_ptr + static_cast<int64_t>(g) * (varlen.padded_kv_blocks + 1);
+    const bool empty = row_ptr[pb + 1] == row_ptr[pb];
+    const int slot = split_slot[g * varlen.padded_kv_blocks + pb];
+    if (!empty && slot < 0) return;
+    const int d = 8 * (threadIdx.x & 15);
+    for (int key = threadIdx.x >> 4; key < bk.count; key += kBlock / 16) {
+        uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
+        if (!empty) {
+            const float* acc = dkv_acc + (static_cast<int64_t>(slot) * 2 * kBlock + key) * kHeadDim + d;
+            const float4 k0 = *reinterpret_cast<const float4*>(acc), k1 = *reinterpret_cast<const float4*>(acc + 4);
+            const float4 v0 = *reinterpret_cast<const float4*>(acc + kBlock * kHeadDim);
+            const float4 v1 = *reinterpret_cast<const float4*>(acc + kBlock * kHeadDim + 4);
+            kw = make_uint4(pack_bf16_host(k0.x, k0.y), pack_bf16_host(k0.z, k0.w), pack_bf16_host(k1.x, k1.y),
+                            pack_bf16_host(k1.z, k1.w));
+            vw = make_uint4(pack_bf16_host(v0.x, v0.y), pack_bf16_host(v0.z, v0.w), pack_bf16_host(v1.x, v1.y),
+                            pack_bf16_host(v1.z, v1.w));
+        }
+        const int64_t out = (static_cast<int64_t>(bk.start) + key) * kKRowElems + g * kHeadDim + d;
+        *reinterpret_cast<uint4*>(dk + out) = kw;
+        *reinterpret_cast<uint4*>(dv + out) = vw;
+    }
+}
+
+// Encodes the maps and launches on `sms` persistent CTAs. dq_accum and dkv_acc accumulate (zero
+// them first); delta = rowsum(dout * out). Run backward_dkv_finish_kernel after it.
+inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
+                                   const Params& p, int sms, cudaStream_t stream) {
+    const MsaVarlen& vl = p.varlen;
+    if (p.n_items <= 0 || vl.total_q <= 0) return cudaSuccess;
+    CUtensorMap qmap, omap, kmap, vmap;
+    {
+        // q, dout [T, 64, 128]: boxes of one query's 16 heads x 64 d.
+        const uint64_t dims[3] = {kHeadDim, kHeads, static_cast<uint64_t>(vl.total_q)};
+        const uint64_t strides[2] = {kHeadDim * 2, kHeads * kHeadDim * 2};
+        const uint32_t box[3] = {64, kHeadsPerGroup, 1};
+        cudaError_t e = sm90::encode_bf16_sw128(&qmap, q, 3, dims, strides, box);
+        if (e == cudaSuccess) e = sm90::encode_bf16_sw128(&omap, dout, 3, dims, strides, box);
+        if (e != cudaSuccess) return e;
+    }
+    {
+        const uint64_t dims[2] = {kGroups * kHeadDim, static_cast<uint64_t>(vl.total_k > 0 ? vl.total_k : 1)};
+        const uint64_t strides[1] = {kGroups * kHeadDim * 2};
+        const uint32_t box[2] = {64, kBlock};
+        cudaError_t e = sm90::encode_bf16_sw128(&kmap, k, 2, dims, strides, box);
+        if (e == cudaSuccess) e = sm90::encode_bf16_sw128(&vmap, v, 2, dims, strides, box);
+        if (e != cudaSuccess) return e;
+    }
+    cudaError_t e = cudaFuncSetAttribute(backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (e != cudaSuccess) return e;
+    const int grid = p.n_items < sms ? p.n_items : sms;
+    backward_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qmap, omap, kmap, vmap, p);
+    return cudaGetLastError();
+}
+
+}  // namespace msa::bwd90
