@@ -2,13 +2,15 @@
 // v1 deterministic backward (msa_attn_backward_dq + msa_attn_backward_dkv) on the same inputs:
 // every element of dQ, dK, dV compared (relative L2 and cosine), then device-timed medians and
 // useful TFLOP/s (MSA's model: 2.5 x the forward's). The physical CSR and the work items are
-// built on the host here; the timed sm_90a path is: zero the dQ and split-row accumulators, the
-// main kernel, the dK/dV finisher and v1's dQ cast (delta excluded, as for v1).
+// built on the host; the device item build is checked against the host rule word for word. The
+// timed sm_90a path: zero dQ, item build, zero the split-row slots, the main kernel, the dK/dV
+// finisher and v1's dQ cast (delta excluded, as for v1).
 //
 //   m5_backward_sm90 [iters]
 #include "microbench/common.cuh"
 #include "msa/attention.h"
 #include "msa/pre_post.h"
+#include "attention/backward_items.cuh"
 #include "attention/backward_sm90.cuh"
 
 namespace {
@@ -53,8 +55,8 @@ PhysCsr phys_csr(const HostLayout& h, const std::vector<int>& topk) {
     return c;
 }
 
-// Work items: each (group, block) row cut into chunks of at most `chunk` entries; a row cut into
-// several gets a dK/dV accumulator slot.
+// The host rule of the device item build (msa_plan::backward::kv_items): each (group, block) row
+// cut into chunks of at most `chunk` entries; a row cut into several gets a dK/dV slot.
 struct Items {
     std::vector<int4> items;
     std::vector<int> split_slot;
@@ -123,16 +125,38 @@ int main(int argc, char** argv) {
         fill_random(dout, nq, 14, 1.0f);
         const std::vector<int> topk_h = c.random ? random_selection(h) : recent16(h);
         const PhysCsr csr = phys_csr(h, topk_h);
-        const Items w = work_items(h, csr, 512);
+        const Items w = work_items(h, csr, msa::kKvItemQueries);
         const std::vector<int4>& items_h = w.items;
-        const size_t acc = size_t(std::max(w.slots, 1)) * 2 * 128 * 128;
+        const int cap = 4 * h.P + (4 * h.T * 16 + msa::kKvItemQueries - 1) / msa::kKvItemQueries;
+        const size_t acc = size_t(std::max(4 * h.T * 16 / (msa::kKvItemQueries + 1), 1)) * 2 * 128 * 128;
         CK(cudaMalloc(&dkv_acc, acc * 4));
-        int* split_slot = upload(w.split_slot);
+        int4* items;
+        int *split_slot, *counts;
+        CK(cudaMalloc(&items, size_t(cap) * 16));
+        CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
+        CK(cudaMalloc(&counts, 8));
         int* topk = upload(topk_h);
         int* row_ptr = upload(csr.row_ptr);
         int* qidx = upload(csr.q);
         int* valid = upload(csr.valid);
-        int4* items = upload(items_h);
+        auto build_items = [&] {
+            msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, items, split_slot, counts);
+            CK(cudaGetLastError());
+        };
+        // The device item build equals the host rule word for word.
+        build_items();
+        CK(cudaDeviceSynchronize());
+        {
+            const std::vector<int4> di = download(items, cap);
+            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, 2);
+            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && ds == w.split_slot;
+            for (int i = 0; i < cap && same; ++i) {
+                const int4 want = i < int(items_h.size()) ? items_h[i] : make_int4(0, 0, 0, 0);
+                same = di[i].x == want.x && di[i].y == want.y && di[i].z == want.z && di[i].w == want.w;
+            }
+            if (!same) std::printf("  %s: device items differ from the host rule\n", c.name.c_str());
+            all_ok = all_ok && same;
+        }
         const MsaVarlen vl = device_varlen(h);
 
         CK(cudaError_t(msa_attn_forward(q, k, v, topk, vl, out, lse, nullptr)));
@@ -142,12 +166,12 @@ int main(int argc, char** argv) {
             CK(cudaError_t(msa_attn_backward_dkv(q, k, v, dout, lse, delta, row_ptr, qidx, valid, vl, dk_ref, dv_ref,
                                                  nullptr)));
         };
-        const msa::bwd90::Params prm{items, int(items_h.size()), qidx, valid, lse, delta, split_slot, vl, dq_acc,
-                                     dkv_acc, dk, dv};
-        auto run_main = [&] { CK(msa::bwd90::launch_backward(q, k, v, dout, prm, sms, nullptr)); };
+        const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, vl, dq_acc, dkv_acc, dk, dv};
+        auto run_main = [&] { CK(msa::bwd90::launch_backward(q, k, v, dout, prm, cap, sms, nullptr)); };
         auto run_sm90 = [&] {
             CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
-            CK(cudaMemsetAsync(dkv_acc, 0, size_t(w.slots) * 2 * 128 * 128 * 4));
+            build_items();
+            msa::bwd90::backward_zero_slots_kernel<<<4 * sms, 256>>>(counts, reinterpret_cast<float4*>(dkv_acc));
             run_main();
             msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, dk, dv);
             CK(cudaGetLastError());
@@ -194,7 +218,7 @@ int main(int argc, char** argv) {
                     c.name.c_str(), items_h.size(), t_v1, t_sm90, t_main, useful / t_v1 / 1e9, useful / t_sm90 / 1e9,
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
-                                                    dq_acc, dkv_acc, split_slot, topk, row_ptr, qidx, valid, items})
+                                                    dq_acc, dkv_acc, split_slot, counts, topk, row_ptr, qidx, valid, items})
             CK(cudaFree(b));
     }
     std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");

@@ -76,8 +76,8 @@ struct Smem {
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
 
 struct Params {
-    const int4* items;  // (group, physical block, first CSR entry, end CSR entry)
-    int n_items;
+    const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
+    const int32_t* counts;  // [2]: items, dK/dV slots (backward_items_kernel)
     const int32_t* phys_q_indices;  // [4, T * 16]
     const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
     const float* lse;               // [T, 64]
@@ -128,8 +128,9 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
     const int c = 2 * (lane & 3);
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
     const bool issuer = threadIdx.x == 128;               // issues the dQ reductions
+    const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
-    for (int it = blockIdx.x; it < p.n_items; it += gridDim.x, ++item_it) {
+    for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
         const int4 item = p.items[it];
         const int g = item.x, pb = item.y;
         const int tiles = (item.w - item.z + kTileQueries - 1) / kTileQueries;
@@ -297,8 +298,9 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
     const int lane = threadIdx.x & 31;
     const MsaVarlen& vl = p.varlen;
     const int64_t per_group = static_cast<int64_t>(vl.total_q) * kTopK;
+    const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
-    for (int it = blockIdx.x; it < p.n_items; it += gridDim.x, ++item_it) {
+    for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
         const int4 item = p.items[it];
         const int g = item.x, pb = item.y;
         const BlockKeys bk = block_keys(vl, pb);
@@ -419,12 +421,21 @@ __global__ void __launch_bounds__(kBlock)
     }
 }
 
-// Encodes the maps and launches on `sms` persistent CTAs. dq_accum and dkv_acc accumulate (zero
-// them first); delta = rowsum(dout * out). Run backward_dkv_finish_kernel after it.
+// Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
+__global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, float4* __restrict__ dkv_acc) {
+    const int64_t n = static_cast<int64_t>(counts[1]) * 2 * kBlock * kHeadDim / 4;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        dkv_acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// Encodes the maps and launches min(capacity, sms) persistent CTAs (the item count is read on
+// the device). dq_accum and dkv_acc accumulate (zero them first); delta = rowsum(dout * out).
+// Run backward_dkv_finish_kernel after it.
 inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                   const Params& p, int sms, cudaStream_t stream) {
+                                   const Params& p, int capacity, int sms, cudaStream_t stream) {
     const MsaVarlen& vl = p.varlen;
-    if (p.n_items <= 0 || vl.total_q <= 0) return cudaSuccess;
+    if (capacity <= 0 || vl.total_q <= 0) return cudaSuccess;
     CUtensorMap qmap, omap, kmap, vmap;
     {
         // q, dout [T, 64, 128]: boxes of one query's 16 heads x 64 d.
@@ -445,7 +456,7 @@ inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const u
     }
     cudaError_t e = cudaFuncSetAttribute(backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (e != cudaSuccess) return e;
-    const int grid = p.n_items < sms ? p.n_items : sms;
+    const int grid = capacity < sms ? capacity : sms;
     backward_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qmap, omap, kmap, vmap, p);
     return cudaGetLastError();
 }

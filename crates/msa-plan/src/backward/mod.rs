@@ -11,6 +11,7 @@
 //! `task_qpos` so causal positions stay bottom-right aligned.
 
 pub mod abi;
+pub mod kv_items;
 pub mod schedule;
 pub mod task_build;
 pub mod walk;

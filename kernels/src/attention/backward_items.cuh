@@ -1,0 +1,60 @@
+// Device item build of the sm_90a backward (host mirror: msa_plan::backward::kv_items): every
+// (head, physical block) row of prepare's physical CSR cut into items of at most kKvItemQueries
+// consecutive entries, head-major and blocks ascending; a row cut into several items gets the
+// next dK/dV accumulator slot. One CTA scans the 4 P rows in chunks of its size, so the tables
+// are built without a host round trip (graph-capturable) and equal the mirror word for word.
+#pragma once
+
+#include <cstdint>
+
+#include "msa/common.h"
+#include "common/constants.cuh"
+#include "common/scan.cuh"
+
+namespace msa {
+
+constexpr int kKvItemQueries = 512;
+constexpr int kItemBuildThreads = 1024;
+
+// items [capacity, 4] = (head, block, first entry, end entry), rows past the count 0;
+// split_slot [4, P]; counts [2] = (items, slots).
+__global__ void __launch_bounds__(kItemBuildThreads)
+    backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int4* __restrict__ items,
+                          int32_t* __restrict__ split_slot, int32_t* __restrict__ counts) {
+    __shared__ BlockScanSmem<kItemBuildThreads> scan;
+    const int rows = kGroups * blocks;
+    int item_base = 0, slot_base = 0;
+    for (int chunk = 0; chunk < rows; chunk += kItemBuildThreads) {
+        const int r = chunk + threadIdx.x;
+        int lo = 0, hi = 0;
+        if (r < rows) {
+            const int head = r / blocks, block = r - head * blocks;
+            const int32_t* ptr = phys_row_ptr + static_cast<int64_t>(head) * (blocks + 1) + block;
+            lo = ptr[0];
+            hi = ptr[1];
+        }
+        const int len = hi - lo;
+        const int n = (len + kKvItemQueries - 1) / kKvItemQueries;
+        const int split = len > kKvItemQueries ? 1 : 0;
+        int n_total, s_total;
+        const int at = item_base + block_exclusive_scan<kItemBuildThreads>(scan, n, n_total);
+        const int slot = slot_base + block_exclusive_scan<kItemBuildThreads>(scan, split, s_total);
+        if (r < rows) {
+            const int head = r / blocks, block = r - head * blocks;
+            split_slot[r] = split ? slot : -1;
+            for (int i = 0; i < n; ++i) {
+                const int begin = lo + i * kKvItemQueries;
+                items[at + i] = make_int4(head, block, begin, min(hi, begin + kKvItemQueries));
+            }
+        }
+        item_base += n_total;
+        slot_base += s_total;
+    }
+    for (int i = item_base + threadIdx.x; i < capacity; i += kItemBuildThreads) items[i] = make_int4(0, 0, 0, 0);
+    if (threadIdx.x == 0) {
+        counts[0] = item_base;
+        counts[1] = slot_base;
+    }
+}
+
+}  // namespace msa
