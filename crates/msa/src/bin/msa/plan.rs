@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Args as ClapArgs;
 use msa::cases;
 use msa::Result;
-use msa_plan::backward::{build_backward_tasks, MSABackwardSchedule};
+use msa_plan::backward::{build_backward_tasks, MsaBackwardSchedule};
 use msa_plan::csr::build_k2q_csr;
 use msa_plan::flops::{causal_elements, selected_elements, sparse_elements, FlopModel};
 use msa_plan::schedule::{balanced_target_q_per_cta, build_work_items, flat_schedule_capacity};
@@ -56,7 +56,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         let target = balanced_target_q_per_cta(layout.total_q(), a.sms);
         let items = build_work_items(layout, &csr, target)?;
         let capacity = flat_schedule_capacity(layout.total_rows(), layout.total_q(), target);
-        let schedule = MSABackwardSchedule::from_plan(layout, &csr, &items, capacity)?;
+        let schedule = MsaBackwardSchedule::from_plan(layout, &csr, &items, capacity)?;
         let tasks =
             build_backward_tasks(&schedule, layout.total_q(), layout.workspace_rows(), a.sms)?;
         let edges: usize = (0..4)
