@@ -13,8 +13,8 @@
 //! token sets, and a second call is bitwise equal.
 
 use half::bf16;
-use msa::check::{compare, structure, CheckLine, CheckReport, Sample, Tolerances};
 use msa::cuda::CudaMsa;
+use msa_harness::check::{compare, structure, CheckLine, CheckReport, Sample, Tolerances};
 use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS, TOPK_BLOCKS};
 use msa_plan::VarlenLayout;
 use msa_ref::indexer::{self, block_scores, selection_lse, IndexerInputs};
@@ -46,7 +46,7 @@ pub const DEV_MANIFEST_TEXT: &str = include_str!("../../data/cases/cp16_192k_dev
 /// CP16 rank `rank` of dev case `case_id`.
 pub fn dev_rank_case(case_id: u64, rank: usize) -> RankCase {
     let cases = parse_manifest(DEV_MANIFEST_TEXT).expect("the embedded dev manifest parses");
-    msa::cases::rank_case(&cases, case_id, rank)
+    msa_harness::cases::rank_case(&cases, case_id, rank)
         .unwrap_or_else(|e| panic!("dev case {case_id} rank {rank}: {e}"))
 }
 

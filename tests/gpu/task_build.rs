@@ -4,9 +4,9 @@
 //! and on hand-made ones that force source order (flag 2), capacity overflow (flag 1), clamped
 //! work counts and every walk regime.
 
-use msa::check::CheckReport;
 use msa::cuda::{CudaMsa, DeviceSchedule, DeviceTaskTables};
 use msa::MsaError;
+use msa_harness::check::CheckReport;
 use msa_plan::backward::abi::{
     BIN_ROWS, DEC_WORDS, DESC_FLAGS, DESC_WORDS, FLAG_CAPACITY_OVERFLOW,
     FLAG_NONCONTIGUOUS_SEGMENTS, META_WORDS, TASK_QUERIES,
@@ -111,7 +111,7 @@ fn check_group(sweep: &mut Sweep, msa: &CudaMsa, group: &SelectionGroup) {
         // when they do not (then table mismatches follow from them).
         let m = compare_metadata(msa, &meta, &host, &format!("{selection}/prepare"));
         if m.passed() {
-            report.push(msa::check::CheckLine {
+            report.push(msa_harness::check::CheckLine {
                 tensor: format!("{selection}/prepare"),
                 metric: "failed_lines",
                 value: 0.0,
@@ -320,7 +320,7 @@ fn task_build_rejects_bad_sizes_before_any_launch() {
             (Some(MsaError::Plan(d)), Some(h)) => d == h,
             _ => false,
         };
-        report.push(msa::check::CheckLine {
+        report.push(msa_harness::check::CheckLine {
             tensor: case.to_string(),
             metric: "equal",
             value: if same { 0.0 } else { 1.0 },
