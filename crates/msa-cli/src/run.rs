@@ -32,8 +32,8 @@ pub struct Args {
     /// Bitwise-repeatable backward.
     #[arg(long)]
     pub deterministic: bool,
-    /// How much of the outputs a GPU run's reference check covers (the CPU backend always gets
-    /// the f64 oracle's spot check).
+    /// How much of the outputs a GPU run's reference check covers (the CPU backend gets the f64
+    /// oracle's spot check unless `none`).
     #[arg(long, value_enum, default_value_t = CheckArg::Auto)]
     pub check: CheckArg,
     /// Queries in a sampled check against the reference.
