@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # msa-rs CI on a host without a GPU (2 cores, 90 min budget): formatting, lints, the README test
 # command, the bindings check, a compile-only build of every kernel for every architecture, and
-# lints + a link of the `msa` feature build (build.rs compiles the kernels with nvcc).
+# lints + a link of the `msa` feature build (build.rs compiles the kernels with nvcc), and the
+# dependency rule of the library crate `msa`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -41,21 +42,47 @@ setup() {
     rustc --version
 }
 
+# `msa` is the crate a framework links: its direct normal dependencies stay within this set, and
+# nothing of the harness or the CLI reaches it, with or without the CUDA feature.
+library_deps() {
+    local allowed=" msa-plan msa-probe msa-kernels cudarc half thiserror once_cell "
+    local banned='^(clap|safetensors|serde|serde_json|rayon|msa-ref|msa-workloads|msa-harness) '
+    local features dep
+    for features in "" "msa"; do
+        local args=(-p msa -e normal --prefix none --format '{p}')
+        [ -n "$features" ] && args+=(--features "$features")
+        for dep in $(cargo tree "${args[@]}" --depth 1 | tail -n +2 | cut -d' ' -f1); do
+            if [[ "$allowed" != *" $dep "* ]]; then
+                echo "msa${features:+ (--features $features)} depends on $dep"
+                return 1
+            fi
+        done
+        if cargo tree "${args[@]}" | grep -E "$banned"; then
+            echo "msa${features:+ (--features $features)} pulls in the crates above"
+            return 1
+        fi
+    done
+    echo "msa: normal dependencies within the library set"
+}
+
 step "setup (libclang, rustfmt, clippy)" setup
 step "format" cargo fmt --all -- --check
 step "clippy (workspace, no CUDA)" cargo clippy --workspace --all-targets -- -D warnings
 step "tests (README command)" cargo test --workspace
 step "probe without a driver" cargo test -p msa-probe --features cuda
+step "library dependencies" library_deps
 step "bindings are current" cargo xtask bindings --check
 # Installs the pinned toolchain into the per-user cache on first use, then compiles every
 # kernels/src/**/*.cu per architecture: a kernel that stops compiling fails here.
 step "kernels compile (nvcc, every arch)" cargo xtask build-kernels
 step "clippy (--features msa)" \
-    cargo clippy -p msa-kernels -p msa -p msa-tests --features msa --all-targets -- -D warnings
-# Clippy does not link: build and link every msa-feature test binary (the GPU suite, the msa
-# CLI's tests, the kernel layer's), so an undefined launcher symbol fails here, not on the GPU
-# host. Its build.rs run compiles the kernels again: clippy wraps msa-toolchain, a build
-# dependency, so nothing from the clippy step is reused.
-step "link (--features msa)" cargo test -p msa-kernels -p msa -p msa-tests --features msa --no-run
+    cargo clippy -p msa-kernels -p msa -p msa-harness -p msa-cli -p msa-tests --features msa \
+    --all-targets -- -D warnings
+# Clippy does not link: build and link every msa-feature test binary (the GPU suite, the
+# harness's and the msa CLI's tests, the kernel layer's), so an undefined launcher symbol fails
+# here, not on the GPU host. Its build.rs run compiles the kernels again: clippy wraps
+# msa-toolchain, a build dependency, so nothing from the clippy step is reused.
+step "link (--features msa)" \
+    cargo test -p msa-kernels -p msa -p msa-harness -p msa-cli -p msa-tests --features msa --no-run
 
 printf '\nCI passed in %d s\n' $((SECONDS - ci_start))

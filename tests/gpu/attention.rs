@@ -3,24 +3,24 @@
 //! compute-sanitizer.
 
 use half::bf16;
-use msa::backend::{Backend, RunOptions};
-use msa::check::{against_reference, compare, CheckReport, Sample, Tolerances};
-use msa::io::AttentionFile;
+use msa_harness::backend::{Backend, RunOptions};
+use msa_harness::check::{against_reference, compare, CheckReport, Sample, Tolerances};
+use msa_harness::io::CallInputs;
 use msa_plan::topology::TOPK_BLOCKS;
 use msa_plan::VarlenLayout;
 use msa_workloads::Inputs;
 
 use crate::harness;
 
-fn case(layout: &VarlenLayout, topk: Vec<i32>, seed: u64) -> AttentionFile {
-    AttentionFile::generated(layout.clone(), Inputs::generate(layout, seed), topk)
+fn case(layout: &VarlenLayout, topk: Vec<i32>, seed: u64) -> CallInputs {
+    CallInputs::generated(layout.clone(), Inputs::generate(layout, seed), topk)
 }
 
 /// Sparse elements up to which a case is checked in full (the CPU reference of larger random
 /// layouts takes seconds); larger ones are checked on a sample.
 const FULL_CHECK_MAX_ELEMENTS: u64 = 1_000_000;
 
-fn full_check(name: &str, cuda: &Backend, p: &AttentionFile, opts: &RunOptions) -> CheckReport {
+fn full_check(name: &str, cuda: &Backend, p: &CallInputs, opts: &RunOptions) -> CheckReport {
     let result = cuda.run(p, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
     let kl = result
         .kl_indexer_lse
@@ -118,14 +118,14 @@ fn bits(x: &[bf16]) -> Vec<u16> {
 #[test]
 fn deterministic_runs_are_bitwise_equal() {
     let cuda = Backend::Cuda(harness::open_device());
-    let listed = msa::cases::manifest(msa_workloads::DEV_MANIFEST.as_ref()).unwrap();
+    let listed = msa_harness::cases::manifest(msa_workloads::DEV_MANIFEST.as_ref()).unwrap();
     for (case_id, rank) in [(434u64, 3usize), (605, 7), (151, 11)] {
         for pattern in [
             msa_workloads::Pattern::Recent16,
             msa_workloads::Pattern::B0p99,
         ] {
-            let p = msa::cases::build(
-                &msa::cases::rank_case(&listed, case_id, rank).unwrap(),
+            let p = msa_harness::cases::build(
+                &msa_harness::cases::rank_case(&listed, case_id, rank).unwrap(),
                 pattern,
                 1,
             );

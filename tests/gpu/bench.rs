@@ -1,18 +1,19 @@
-//! `msa::bench` on the device: every stage is timed with its own events, the times are
+//! `msa_harness::bench` on the device: every stage is timed with its own events, the times are
 //! positive and finite, and a stage whose inputs are absent is refused by name.
 
-use msa::backend::Backend;
-use msa::bench::{self, BenchOptions, Stage};
-use msa::io::AttentionFile;
+use msa_harness::backend::Backend;
+use msa_harness::bench::{self, BenchOptions};
+use msa_harness::io::CallInputs;
+use msa_harness::Stage;
 use msa_plan::VarlenLayout;
 use msa_workloads::{make_topk, Inputs, Pattern};
 
 use crate::harness;
 
-fn case(cu: &[i32]) -> AttentionFile {
+fn case(cu: &[i32]) -> CallInputs {
     let layout = VarlenLayout::documents(cu).expect("layout");
     let topk = make_topk(&layout, Pattern::Random, 7);
-    AttentionFile::generated(layout.clone(), Inputs::generate(&layout, 7), topk)
+    CallInputs::generated(layout.clone(), Inputs::generate(&layout, 7), topk)
 }
 
 #[test]
@@ -20,14 +21,14 @@ fn bench_times_every_stage() {
     let cuda = Backend::Cuda(harness::open_device());
     let p = case(&[0, 1000, 5000]);
     let opts = BenchOptions {
-        stages: Stage::ALL.to_vec(),
+        stages: Stage::BENCH.to_vec(),
         warmup: 1,
         iters: 3,
     };
     let times = bench::run(&cuda, &p, &opts).expect("bench");
     assert_eq!(
         times.iter().map(|t| t.stage).collect::<Vec<_>>(),
-        Stage::ALL.to_vec()
+        Stage::BENCH.to_vec()
     );
     for t in &times {
         assert_eq!(t.ms.len(), 3, "{}", t.stage);

@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
-use msa::check::CheckReport;
 use msa::cuda::CudaMsa;
+use msa_harness::check::CheckReport;
 
 /// One device for the whole suite, with output poisoning on: every output buffer the facade
 /// allocates is filled with NaN/sentinel words first, so an unwritten element fails its check.
@@ -199,7 +199,7 @@ pub fn open_device() -> CudaMsa {
 }
 
 /// The GPU indexer's selection for a case's qi/ki (MSA's own flow: indexer → attention).
-pub fn gpu_indexer_selection(p: &msa::io::AttentionFile) -> Vec<i32> {
+pub fn gpu_indexer_selection(p: &msa_harness::io::CallInputs) -> Vec<i32> {
     let d = device();
     let index = p.index.as_ref().expect("indexer inputs");
     let layout = msa::cuda::DeviceLayout::new(d, p.layout.clone()).expect("layout");

@@ -1,14 +1,20 @@
-//! The indexer forward on the device against the CPU reference (contract §8, "indexer"): the
-//! selection is well formed (`structure::indexer_selection`), every selected non-local block
-//! scores at least the reference's 15th best minus MSA's slack, the LSE matches the reference
-//! LSE of the device's own selection, and a second call is bitwise equal. On all-zero inputs
-//! every score ties, so the selection must equal the reference's exactly (ties to the smaller
-//! id). Layouts: the suite's edge layouts (fragments, documents that are not multiples of 128,
-//! single tokens, T below one block) and real dev cases at full scale.
+//! The indexer family on the device against the CPU reference.
+//!
+//! The forward (contract §8, "indexer"): the selection is well formed
+//! (`structure::indexer_selection`), every selected non-local block scores at least the
+//! reference's 15th best minus MSA's slack, the LSE matches the reference LSE of the device's own
+//! selection, and a second call is bitwise equal. On all-zero inputs every score ties, so the
+//! selection must equal the reference's exactly (ties to the smaller id). Layouts: the suite's
+//! edge layouts (fragments, documents that are not multiples of 128, single tokens, T below one
+//! block) and real dev cases at full scale.
+//!
+//! The selection LSE (the KL backward's `indexer_lse`, contract §3.2): equal to
+//! `msa_ref::indexer::selection_lse` of the same selection on the edge layouts, `-inf` for empty
+//! token sets, and a second call is bitwise equal.
 
 use half::bf16;
-use msa::check::{compare, structure, CheckLine, CheckReport, Sample, Tolerances};
 use msa::cuda::CudaMsa;
+use msa_harness::check::{compare, structure, CheckLine, CheckReport, Sample, Tolerances};
 use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS, TOPK_BLOCKS};
 use msa_plan::VarlenLayout;
 use msa_ref::indexer::{self, block_scores, selection_lse, IndexerInputs};
@@ -18,13 +24,29 @@ use serde_json::json;
 use crate::harness;
 use crate::prepare::{device_layout, exact, fetch};
 
+/// Selections of each edge layout the selection LSE is checked on: MSA's pattern, random rows with
+/// holes and the sink-heavy verification pattern; plus MSA's pattern with rows emptied
+/// ([`with_empty_rows`]), whose LSE is `-inf`.
+const SELECTION_LSE_SELECTIONS: [&str; 3] = ["recent", "random_holes", "b0p99"];
+
+/// `topk` with every (head, query) row whose `head + query` is a multiple of 5 emptied (-1).
+fn with_empty_rows(layout: &VarlenLayout, mut topk: Vec<i32>) -> Vec<i32> {
+    let t = layout.total_q();
+    for g in 0..NUM_INDEX_HEADS {
+        for q in (0..t).filter(|q| (g + q) % 5 == 0) {
+            topk[(g * t + q) * TOPK_BLOCKS..][..TOPK_BLOCKS].fill(-1);
+        }
+    }
+    topk
+}
+
 /// The dev manifest, compiled in (as the harness) so the suite binary runs anywhere.
 pub const DEV_MANIFEST_TEXT: &str = include_str!("../../data/cases/cp16_192k_dev.jsonl");
 
 /// CP16 rank `rank` of dev case `case_id`.
 pub fn dev_rank_case(case_id: u64, rank: usize) -> RankCase {
     let cases = parse_manifest(DEV_MANIFEST_TEXT).expect("the embedded dev manifest parses");
-    msa::cases::rank_case(&cases, case_id, rank)
+    msa_harness::cases::rank_case(&cases, case_id, rank)
         .unwrap_or_else(|e| panic!("dev case {case_id} rank {rank}: {e}"))
 }
 
@@ -232,6 +254,73 @@ fn indexer_matches_the_reference_on_dev_cases() {
                 "total_q": layout.total_q(), "batch": layout.batch(),
                 "max_blocks": layout.max_blocks(), "checked_queries": queries.len(),
             }),
+        );
+    }
+}
+
+#[test]
+fn selection_lse_matches_the_reference_on_edge_layouts() {
+    let msa = harness::device();
+    let tol = Tolerances::strict();
+    for (i, group) in harness::edge_selection_groups().enumerate() {
+        let layout = &group.layout;
+        let t = layout.total_q();
+        let (qi, ki) = seeded(layout, 0x5E1_0000 + i as u64);
+        let ii = IndexerInputs {
+            layout,
+            qi: &qi,
+            ki: &ki,
+        };
+        let dl = device_layout(msa, layout);
+        let (dqi, dki) = (
+            msa.upload(&qi).expect("upload qi"),
+            msa.upload(&ki).expect("upload ki"),
+        );
+        let mut selections: Vec<(String, Vec<i32>)> = group
+            .selections
+            .iter()
+            .filter(|(name, _)| SELECTION_LSE_SELECTIONS.contains(&name.as_str()))
+            .cloned()
+            .collect();
+        let emptied = with_empty_rows(layout, msa_plan::testing::recent_topk(layout));
+        selections.push(("empty_rows".into(), emptied));
+        let all: Vec<usize> = (0..t).collect();
+        let mut report = CheckReport::default();
+        for (name, topk) in &selections {
+            let meta = msa
+                .prepare(&dl, msa.upload(topk).expect("upload topk"))
+                .unwrap_or_else(|e| panic!("{name}: prepare: {e}"));
+            let runs: Vec<Vec<f32>> = (0..2)
+                .map(|_| {
+                    let lse = msa
+                        .selection_lse(&meta, &dqi, &dki)
+                        .unwrap_or_else(|e| panic!("{name}: selection_lse: {e}"));
+                    let mut lse = fetch(msa, "selection_lse", &lse);
+                    // An empty tensor comes back as the facade's one-element buffer.
+                    lse.truncate(NUM_INDEX_HEADS * t);
+                    lse
+                })
+                .collect();
+            let want = selection_lse(&ii, topk, &all).expect("reference selection LSE");
+            report.push(compare::close(
+                &format!("{name}/selection_lse"),
+                &runs[0],
+                &want,
+                tol.indexer_lse_atol,
+                tol.indexer_lse_atol,
+            ));
+            report.push(exact(
+                &format!("{name}/selection_lse/repeat_bits"),
+                &bits(&runs[1]),
+                &bits(&runs[0]),
+                &[NUM_INDEX_HEADS, t],
+            ));
+        }
+        harness::record(
+            "selection_lse_edge_layouts",
+            &group.name,
+            &report,
+            json!({ "total_q": t, "max_blocks": layout.max_blocks() }),
         );
     }
 }

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use half::bf16;
-use msa::check::{compare, structure, CheckReport, Sample, Tolerances};
 use msa::cuda::{CudaMsa, DeviceLayout, KlInputs};
+use msa_harness::check::{compare, structure, CheckReport, Sample, Tolerances};
 use msa_plan::topology::{BLOCK_SIZE, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, TOPK_BLOCKS};
 use msa_plan::VarlenLayout;
 use msa_ref::attention::{self, AttentionInputs};

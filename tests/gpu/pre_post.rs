@@ -3,8 +3,8 @@
 //! bit for bit equal to `half::bf16::from_f32` (round to nearest even).
 
 use half::bf16;
-use msa::check::{compare, CheckLine, CheckReport};
 use msa::cuda::{CudaMsa, Poison};
+use msa_harness::check::{compare, CheckLine, CheckReport};
 use msa_plan::testing::{layout_from_documents, SplitMix64};
 use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
 use msa_plan::VarlenLayout;

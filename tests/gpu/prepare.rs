@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use msa::check::{compare, CheckLine, CheckReport};
 use msa::cuda::{CudaMsa, DeviceLayout, Metadata, Poison};
 use msa::MsaError;
+use msa_harness::check::{compare, CheckLine, CheckReport};
 use msa_plan::schedule::{
     balanced_target_q_per_cta, build_work_items, flat_schedule_capacity, WorkItem, WorkTable,
     WORK_WORDS,

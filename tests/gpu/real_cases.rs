@@ -5,9 +5,9 @@
 //!
 //! `MSA_REAL_CASES=a..b` limits the sweep to manifest entries a..b (to split it across runs).
 
-use msa::backend::{Backend, RunOptions};
-use msa::cases;
-use msa::check::{against_reference, Sample, Tolerances};
+use msa_harness::backend::{Backend, RunOptions};
+use msa_harness::cases;
+use msa_harness::check::{against_reference, Sample, Tolerances};
 use msa_workloads::{Pattern, DEV_MANIFEST};
 
 use crate::harness;

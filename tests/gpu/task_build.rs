@@ -4,9 +4,9 @@
 //! and on hand-made ones that force source order (flag 2), capacity overflow (flag 1), clamped
 //! work counts and every walk regime.
 
-use msa::check::CheckReport;
 use msa::cuda::{CudaMsa, DeviceSchedule, DeviceTaskTables};
 use msa::MsaError;
+use msa_harness::check::CheckReport;
 use msa_plan::backward::abi::{
     BIN_ROWS, DEC_WORDS, DESC_FLAGS, DESC_WORDS, FLAG_CAPACITY_OVERFLOW,
     FLAG_NONCONTIGUOUS_SEGMENTS, META_WORDS, TASK_QUERIES,
@@ -14,7 +14,7 @@ use msa_plan::backward::abi::{
 use msa_plan::schedule::{build_work_items, flat_schedule_capacity, WorkItem};
 use msa_plan::topology::BLOCK_SIZE;
 use msa_plan::{
-    build_backward_tasks, build_k2q_csr, Int32Array, MSABackwardSchedule, ScheduleParts,
+    build_backward_tasks, build_k2q_csr, Int32Array, MsaBackwardSchedule, ScheduleParts,
     TaskTables, VarlenLayout,
 };
 use serde_json::json;
@@ -111,7 +111,7 @@ fn check_group(sweep: &mut Sweep, msa: &CudaMsa, group: &SelectionGroup) {
         // when they do not (then table mismatches follow from them).
         let m = compare_metadata(msa, &meta, &host, &format!("{selection}/prepare"));
         if m.passed() {
-            report.push(msa::check::CheckLine {
+            report.push(msa_harness::check::CheckLine {
                 tensor: format!("{selection}/prepare"),
                 metric: "failed_lines",
                 value: 0.0,
@@ -123,7 +123,7 @@ fn check_group(sweep: &mut Sweep, msa: &CudaMsa, group: &SelectionGroup) {
             report.extend(m);
         }
         let schedule =
-            MSABackwardSchedule::from_plan(l, &host.csr, &host.items, host.table.capacity)
+            MsaBackwardSchedule::from_plan(l, &host.csr, &host.items, host.table.capacity)
                 .expect("host schedule");
         let host_tables = build_backward_tasks(&schedule, l.total_q(), l.workspace_rows(), sms)
             .expect("host task build");
@@ -183,7 +183,7 @@ fn small_plan() -> (VarlenLayout, msa_plan::K2qCsr, Vec<WorkItem>) {
 fn check_schedule(
     msa: &CudaMsa,
     case: &str,
-    schedule: &MSABackwardSchedule,
+    schedule: &MsaBackwardSchedule,
     tokens: usize,
     workspace_rows: usize,
     sms: usize,
@@ -210,14 +210,14 @@ fn task_build_hand_made_schedules() {
     let (l, csr, items) = small_plan();
     let cap = flat_schedule_capacity(3, 140, 64);
     let plan = |items: &[WorkItem], cap: usize| {
-        MSABackwardSchedule::from_plan(&l, &csr, items, cap).expect("schedule")
+        MsaBackwardSchedule::from_plan(&l, &csr, items, cap).expect("schedule")
     };
     let ws = l.workspace_rows();
     let mut reversed = items.clone();
     reversed.reverse();
     let parts = |count: i32| {
         let s = plan(&items, 6);
-        MSABackwardSchedule::new(ScheduleParts {
+        MsaBackwardSchedule::new(ScheduleParts {
             row_ptr: Int32Array::new(s.row_ptr().to_vec(), &[4, s.rows() + 1]),
             q_indices: Int32Array::new(s.q_indices().to_vec(), &[4, s.edge_capacity()]),
             scheduler_metadata: Int32Array::new(s.scheduler_metadata().to_vec(), &[6, 6]),
@@ -228,7 +228,7 @@ fn task_build_hand_made_schedules() {
         })
         .expect("schedule parts")
     };
-    let cases: Vec<(&str, MSABackwardSchedule, i32)> = vec![
+    let cases: Vec<(&str, MsaBackwardSchedule, i32)> = vec![
         ("forward_order", plan(&items, cap), 0),
         ("reversed", plan(&reversed, cap), 0),
         (
@@ -282,7 +282,7 @@ fn task_build_walk_regimes_of_a_dev_case() {
     let (selection, topk) = &group.selections[0];
     let l = &group.layout;
     let host = host_metadata(l, topk, msa.device().sm_count as usize);
-    let schedule = MSABackwardSchedule::from_plan(l, &host.csr, &host.items, host.table.capacity)
+    let schedule = MsaBackwardSchedule::from_plan(l, &host.csr, &host.items, host.table.capacity)
         .expect("host schedule");
     let mut report = CheckReport::default();
     // Tens of thousands of task rows: the 64-row walk with and without tails, and the short-tail
@@ -305,7 +305,7 @@ fn task_build_walk_regimes_of_a_dev_case() {
 fn task_build_rejects_bad_sizes_before_any_launch() {
     let msa = harness::device();
     let (l, csr, items) = small_plan();
-    let s = MSABackwardSchedule::from_plan(&l, &csr, &items, 6).unwrap();
+    let s = MsaBackwardSchedule::from_plan(&l, &csr, &items, 6).unwrap();
     let uploaded = DeviceSchedule::upload(msa, &s).unwrap();
     let mut report = CheckReport::default();
     for (case, tokens, ws, sms) in [
@@ -320,7 +320,7 @@ fn task_build_rejects_bad_sizes_before_any_launch() {
             (Some(MsaError::Plan(d)), Some(h)) => d == h,
             _ => false,
         };
-        report.push(msa::check::CheckLine {
+        report.push(msa_harness::check::CheckLine {
             tensor: case.to_string(),
             metric: "equal",
             value: if same { 0.0 } else { 1.0 },

@@ -30,7 +30,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "build",
             "--release",
             "-p",
-            "msa",
+            "msa-cli",
             "--bin",
             "msa",
             "--features",

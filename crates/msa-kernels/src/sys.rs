@@ -353,6 +353,15 @@ unsafe extern "C" {
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
+    #[doc = " The indexer_lse input of msa_kl_backward (MSA v1 §3.2: the index distribution over the\n attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],\n j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the\n attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts\n once (msa_ref::indexer::selection_lse). lse [4, T] f32 is written in full. One kernel, grid\n ceil(4 T / 8), 256 threads: one warp per (head, query). Deterministic; no workspace."]
+    pub fn msa_indexer_selection_lse(
+        qi: *const u16,
+        ki: *const u16,
+        topk: *const i32,
+        varlen: MsaVarlen,
+        lse: *mut f32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
     #[doc = " Workspace bytes msa_kl_backward needs (host arithmetic on the size fields of varlen; no CUDA\n call), with cap = P + ceil(64 T / 512) work items: per-(group, query, selection slot) dQI\n partials [4, T, 16, 128] f32, per-item dKI partials [cap, 128, 128] f32, the item table\n [cap, 4] i32 and per-block item ranges [P, 2] i32, each part 256-byte aligned. Writes *bytes;\n returns a cudaError_t code (cudaErrorInvalidValue for negative sizes)."]
     pub fn msa_kl_workspace_bytes(varlen: MsaVarlen, bytes: *mut usize) -> ::std::os::raw::c_int;
     #[doc = " dqi and dki, every element written (keys in no token set and queries without a selection get\n exact zeros). KV-outer: the teacher is computed once per (query, group, selected block), so\n the work is balanced however the selection is spread. Enqueues four kernels:\n   items  grid 1, 1024 threads: work items of at most 512 (query, group) pairs of one\n          physical block (its 4 groups' CSR rows concatenated), per-block item ranges;\n   main   grid (cap), 256 threads, ~145 KB dynamic smem: per item, tiles of 8 pairs: teacher\n          (16 heads x 128 keys by mma), student scores and dz, the pairs' dQI partials (written\n          to the slot of the block's writer rank) and the item's dKI (written in bf16 when the\n          block has one item, else as an f32 partial);\n   dqi    grid ceil(4 T / 8), 256 threads: dqi = grad_scale * sum of the query's slot partials\n          in slot order (the number of slots: topk entries 0 <= e < num_blocks);\n   dki    grid (P), 256 threads: blocks with several items sum their partials in item order,\n          blocks nobody selected write zeros.\n workspace: workspace_bytes >= msa_kl_workspace_bytes of device memory, 256-byte aligned; its\n contents are scratch. Returns cudaErrorInvalidValue if it is too small."]

@@ -9,7 +9,7 @@
 //! - [`topk`]: validation of `topk_indices` and its device error word;
 //! - [`csr`]: the k2q CSR (`row_ptr`, `q_indices`, `qsplit`, `split_counts`) and the physical CSR;
 //! - [`schedule`]: the forward work list (`target_q_per_cta`, capacity, `scheduler_metadata`);
-//! - [`backward`]: `MSABackwardSchedule`, the CTA walk and the task-build host mirror;
+//! - [`backward`]: `MsaBackwardSchedule`, the CTA walk and the task-build host mirror;
 //! - [`flops`]: MSA's FLOP model;
 //! - [`packed`]: NeMo's packed layout of a document-id map.
 
@@ -31,7 +31,7 @@ mod proptests;
 pub use backward::task_build;
 pub use backward::{
     build_backward_tasks, chunk_map, cta_row_interval, grid_launch_bound, rows_per_cta,
-    task_build_sizes, CtaWalk, Int32Array, MSABackwardSchedule, ScheduleParts, TaskBuildSizes,
+    task_build_sizes, CtaWalk, Int32Array, MsaBackwardSchedule, ScheduleParts, TaskBuildSizes,
     TaskTables,
 };
 pub use csr::{build_k2q_csr, build_physical_csr, K2qCsr, PhysicalCsr};

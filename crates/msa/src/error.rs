@@ -1,4 +1,4 @@
-//! The facade's error: every failure a user can hit, typed, never a panic.
+//! The library's error: every failure a caller can hit, typed, with its source kept.
 
 use thiserror::Error;
 
@@ -17,8 +17,9 @@ pub enum MsaError {
     Kernel(#[from] msa_kernels::error::KernelError),
 
     /// A CUDA driver call (allocation, copy, synchronization) failed.
+    #[cfg(feature = "msa")]
     #[error("CUDA driver call failed: {0}")]
-    Driver(String),
+    Driver(#[from] cudarc::driver::DriverError),
 
     /// A tensor had the wrong length, dtype or shape.
     #[error("{name}: expected {expected}, got {got}")]
@@ -28,27 +29,10 @@ pub enum MsaError {
         got: String,
     },
 
-    /// The device rejected an input after `prepare` validated it there.
-    #[error("{0}")]
-    Invalid(String),
-
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-
-    /// A safetensors file was missing, malformed or inconsistent.
-    #[error(transparent)]
-    TensorFile(#[from] crate::io::TensorFileError),
-
-    /// A workload (manifest, case, pattern) could not be built.
-    #[error(transparent)]
-    Workload(#[from] msa_workloads::WorkloadError),
-}
-
-#[cfg(feature = "msa")]
-impl From<cudarc::driver::DriverError> for MsaError {
-    fn from(e: cudarc::driver::DriverError) -> Self {
-        MsaError::Driver(e.to_string())
-    }
+    /// `prepare`'s device validation returned a word `(code, head, query, slot)` that the host
+    /// rule does not confirm: a kernel or ABI fault, never an input error.
+    #[error("device top-k validation returned {word:?}, {detail}")]
+    DeviceValidation { word: [i32; 4], detail: String },
 }
 
 pub type Result<T, E = MsaError> = std::result::Result<T, E>;

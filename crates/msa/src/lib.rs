@@ -1,22 +1,15 @@
-//! msa-rs: MiniMax Sparse Attention (MSA v1) training kernels for Hopper, with a CPU
-//! reference that runs on any host.
+//! msa-rs: MiniMax Sparse Attention (MSA v1) training kernels for Hopper, the library a training
+//! framework links.
 //!
-//! - [`cuda`] (feature `msa`): `prepare` → forward → backward, indexer forward, KL backward
-//!   on device buffers, behind the device probe.
-//! - [`backend`]: one call of the contract on the CPU reference or the GPU.
-//! - [`bench`]: device-timed repeats of each GPU stage (medians, useful TFLOP/s).
-//! - [`io`]: the safetensors tensor contract (MSA's tensor names and layouts).
-//! - [`check`]: MSA's tolerances, reference comparisons and an independent f64 oracle.
+//! [`cuda`] (feature `msa`): `prepare` → forward → backward, the indexer forward, the selection
+//! LSE and the KL backward on device buffers, behind the device probe. Without `msa` only the
+//! error type and the planner's types exist, so dependents build on any host. The CPU reference,
+//! tensor files, checks and the `msa` command live in `msa-harness` and `msa-cli`.
 
-pub mod backend;
-pub mod bench;
-pub mod cases;
-pub mod check;
 pub mod error;
-pub mod io;
 
 #[cfg(feature = "msa")]
 pub mod cuda;
 
 pub use error::{MsaError, Result};
-pub use msa_plan::{Topology, VarlenLayout};
+pub use msa_plan::{PlanError, Topology, VarlenLayout};

@@ -38,6 +38,15 @@ int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 int msa_indexer_forward(const uint16_t* qi, const uint16_t* ki, MsaVarlen varlen, int32_t* topk,
                         float* lse, void* workspace, size_t workspace_bytes, void* stream);
 
+/* The indexer_lse input of msa_kl_backward (MSA v1 §3.2: the index distribution over the
+ * attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],
+ * j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the
+ * attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts
+ * once (msa_ref::indexer::selection_lse). lse [4, T] f32 is written in full. One kernel, grid
+ * ceil(4 T / 8), 256 threads: one warp per (head, query). Deterministic; no workspace. */
+int msa_indexer_selection_lse(const uint16_t* qi, const uint16_t* ki, const int32_t* topk,
+                              MsaVarlen varlen, float* lse, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,6 @@
 //! Indexer family (`kernels/include/msa/indexer.h`): the lightning indexer forward (block
-//! scores, top-k selection and the LSE of the selected tokens), deterministic.
+//! scores, top-k selection and the LSE of the selected tokens) and the LSE of an attention
+//! selection's token sets (the KL backward's `indexer_lse`), both deterministic.
 
 use super::{DevicePtr, Stream};
 use crate::{sys, KernelError};
@@ -43,6 +44,35 @@ pub unsafe fn forward(
             lse as *mut f32,
             workspace as *mut std::ffi::c_void,
             workspace_bytes,
+            stream,
+        ),
+    )
+}
+
+/// `lse` (f32 `[4, T]`, written in full) of `qi` (bf16 `[T, 4, 128]`) against `ki` (bf16
+/// `[Tk, 1, 128]`) over the token sets of the attention selection `topk` (i32 `[4, T, 16]`): the
+/// `indexer_lse` input of the KL backward.
+///
+/// # Safety
+/// Every address must be a 16-byte-aligned device allocation of the documented size in the
+/// current context, `varlen` must describe live device arrays of one layout, and `stream` must
+/// belong to that context (or be null).
+pub unsafe fn selection_lse(
+    qi: DevicePtr,
+    ki: DevicePtr,
+    topk: DevicePtr,
+    varlen: sys::MsaVarlen,
+    lse: DevicePtr,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    KernelError::check(
+        "msa_indexer_selection_lse",
+        sys::msa_indexer_selection_lse(
+            qi as *const u16,
+            ki as *const u16,
+            topk as *const i32,
+            varlen,
+            lse as *mut f32,
             stream,
         ),
     )

@@ -1,6 +1,6 @@
 //! NeMo's backward contract (nemo-kernels §2.3, §4.2–4.5, §5.2), generalized to CP fragments.
 //!
-//! - [`schedule`]: `MSABackwardSchedule`, the forward-derived metadata, shape-checked once.
+//! - [`schedule`]: `MsaBackwardSchedule`, the forward-derived metadata, shape-checked once.
 //! - [`walk`]: the CTA walk over task rows (`rows_per_cta`, `chunk_map`, `grid_launch_bound`,
 //!   the per-CTA row interval) that the main kernel and the task build share.
 //! - [`abi`]: word indices, flags and fills of the task-build buffers (the device ABI).
@@ -16,6 +16,6 @@ pub mod schedule;
 pub mod task_build;
 pub mod walk;
 
-pub use schedule::{Int32Array, MSABackwardSchedule, ScheduleParts};
+pub use schedule::{Int32Array, MsaBackwardSchedule, ScheduleParts};
 pub use task_build::{build_backward_tasks, task_build_sizes, TaskBuildSizes, TaskTables};
 pub use walk::{chunk_map, cta_row_interval, grid_launch_bound, rows_per_cta, CtaWalk};

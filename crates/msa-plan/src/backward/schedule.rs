@@ -1,4 +1,4 @@
-//! `MSABackwardSchedule` (nemo-kernels §4.2): the forward-derived int32 metadata the backward
+//! `MsaBackwardSchedule` (nemo-kernels §4.2): the forward-derived int32 metadata the backward
 //! task build reads. Shapes are checked once, here, with NeMo's messages, so every consumer can
 //! take the schedule as given. Types are int32 by construction (`Vec<i32>`).
 //!
@@ -66,7 +66,7 @@ pub struct ScheduleParts {
 
 /// Forward-derived backward metadata, shape-checked once.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MSABackwardSchedule {
+pub struct MsaBackwardSchedule {
     row_ptr: Vec<i32>,
     q_indices: Vec<i32>,
     scheduler_metadata: Vec<i32>,
@@ -103,7 +103,7 @@ fn check(name: &'static str, layout: &str, a: &Int32Array, ok: bool) -> Result<(
     Ok(())
 }
 
-impl MSABackwardSchedule {
+impl MsaBackwardSchedule {
     /// Validate every shape in NeMo's order and with NeMo's messages, then own the data.
     pub fn new(parts: ScheduleParts) -> Result<Self> {
         let ScheduleParts {
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn minimal_schedule_is_accepted() {
-        let s = MSABackwardSchedule::new(parts()).unwrap();
+        let s = MsaBackwardSchedule::new(parts()).unwrap();
         assert_eq!(
             (
                 s.rows(),
@@ -338,7 +338,7 @@ mod tests {
         for (mutate, msg) in cases {
             let mut p = parts();
             mutate(&mut p);
-            assert_eq!(MSABackwardSchedule::new(p).unwrap_err().to_string(), msg);
+            assert_eq!(MsaBackwardSchedule::new(p).unwrap_err().to_string(), msg);
         }
     }
 }

@@ -16,7 +16,7 @@
 //! `qrow = cu_seqlens[doc] + q_local`.
 
 use super::abi::*;
-use super::schedule::MSABackwardSchedule;
+use super::schedule::MsaBackwardSchedule;
 use super::walk::CtaWalk;
 use crate::error::{PlanError, Result};
 use crate::schedule::WORK_WORDS;
@@ -57,7 +57,7 @@ fn fits_i32(what: &'static str, got: usize) -> Result<()> {
 /// Sizes of the scratch and table buffers; rejects a workspace that is not a multiple of 128,
 /// more than `MAX_BINS` bins (NeMo's message) and int32 overflow.
 pub fn task_build_sizes(
-    schedule: &MSABackwardSchedule,
+    schedule: &MsaBackwardSchedule,
     num_tokens: usize,
     workspace_rows: usize,
 ) -> Result<TaskBuildSizes> {
@@ -187,7 +187,7 @@ struct Work {
     kblock: usize,
 }
 
-fn work(schedule: &MSABackwardSchedule, w: usize) -> Work {
+fn work(schedule: &MsaBackwardSchedule, w: usize) -> Work {
     let m = &schedule.scheduler_metadata()[w * WORK_WORDS..(w + 1) * WORK_WORDS];
     Work {
         head: m[0] as usize,
@@ -199,7 +199,7 @@ fn work(schedule: &MSABackwardSchedule, w: usize) -> Work {
     }
 }
 
-fn num_work(schedule: &MSABackwardSchedule) -> usize {
+fn num_work(schedule: &MsaBackwardSchedule) -> usize {
     schedule
         .work_count()
         .clamp(0, schedule.work_capacity() as i32) as usize
@@ -210,7 +210,7 @@ fn num_work(schedule: &MSABackwardSchedule) -> usize {
 /// item's CSR row, queries inside `num_tokens`, kblocks inside the workspace,
 /// positions and the task count inside int32.
 fn check_work_items(
-    s: &MSABackwardSchedule,
+    s: &MsaBackwardSchedule,
     sizes: &TaskBuildSizes,
     num_tokens: usize,
 ) -> Result<()> {
@@ -282,7 +282,7 @@ fn check_work_items(
 }
 
 /// Kernel 1: inclusive task offsets, exact counts, cleared bins.
-fn scan_work(s: &MSABackwardSchedule, t: &mut TaskTables) {
+fn scan_work(s: &MsaBackwardSchedule, t: &mut TaskTables) {
     let n = num_work(s);
     let mut acc = 0i32;
     for w in 0..n {
@@ -300,7 +300,7 @@ fn scan_work(s: &MSABackwardSchedule, t: &mut TaskTables) {
 }
 
 /// Kernel 2: decode forward-order tasks, give each a segment, count the segments.
-fn assign_segments(s: &MSABackwardSchedule, t: &mut TaskTables) {
+fn assign_segments(s: &MsaBackwardSchedule, t: &mut TaskTables) {
     let n = t.num_tasks();
     let ends = &t.task_ends[..num_work(s)];
     let (nw, nk) = (t.sizes.num_windows, t.sizes.num_kblocks);
@@ -351,7 +351,7 @@ fn scan_bins(t: &mut TaskTables) {
 }
 
 /// Kernel 4: locality-ordered task rows and the CTA-walk descriptor.
-fn scatter_tables(s: &MSABackwardSchedule, t: &mut TaskTables, num_sms: usize) {
+fn scatter_tables(s: &MsaBackwardSchedule, t: &mut TaskTables, num_sms: usize) {
     let source_order = t.desc[DESC_FLAGS] & FLAG_NONCONTIGUOUS_SEGMENTS != 0;
     let (nw, nk) = (t.sizes.num_windows, t.sizes.num_kblocks);
     let e = s.edge_capacity();
@@ -408,7 +408,7 @@ fn scatter_tables(s: &MSABackwardSchedule, t: &mut TaskTables, num_sms: usize) {
 /// bad sizes (see [`task_build_sizes`]), `num_sms == 0`, or work items that would read outside
 /// the schedule.
 pub fn build_backward_tasks(
-    schedule: &MSABackwardSchedule,
+    schedule: &MsaBackwardSchedule,
     num_tokens: usize,
     workspace_rows: usize,
     num_sms: usize,

@@ -7,7 +7,7 @@ use super::walk::{check_walk, REAL};
 use super::work::{resolve_target, target_strategy};
 use super::{config, ok};
 use crate::backward::abi::*;
-use crate::backward::{build_backward_tasks, MSABackwardSchedule, TaskTables};
+use crate::backward::{build_backward_tasks, MsaBackwardSchedule, TaskTables};
 use crate::csr::build_k2q_csr;
 use crate::layout::VarlenLayout;
 use crate::schedule::{build_work_items, flat_schedule_capacity};
@@ -129,7 +129,7 @@ proptest! {
         let csr = build_k2q_csr(&l, &t).unwrap();
         let items = build_work_items(&l, &csr, target).unwrap();
         let cap = flat_schedule_capacity(l.total_rows(), l.total_q(), target);
-        let s = MSABackwardSchedule::from_plan(&l, &csr, &items, cap).unwrap();
+        let s = MsaBackwardSchedule::from_plan(&l, &csr, &items, cap).unwrap();
         let tables = build_backward_tasks(&s, l.total_q(), l.workspace_rows(), num_sms).unwrap();
         prop_assert_eq!(tables.desc[DESC_NUM_WORK] as usize, items.len());
         ok(check_tasks(&l, &t, &tables, num_sms))?;

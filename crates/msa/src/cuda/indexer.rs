@@ -1,4 +1,6 @@
-//! The lightning indexer forward on device buffers: shape checks, then `msa_indexer_forward`.
+//! The indexer family on device buffers: the lightning indexer forward
+//! (`msa_indexer_forward`) and the LSE of an attention selection's token sets
+//! (`msa_indexer_selection_lse`), each after shape checks.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -6,7 +8,7 @@ use msa_kernels::launch;
 use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
 
 use super::layout::Shape;
-use super::{CudaMsa, DeviceLayout};
+use super::{CudaMsa, DeviceLayout, Metadata};
 use crate::error::Result;
 
 impl CudaMsa {
@@ -48,5 +50,36 @@ impl CudaMsa {
             };
         }
         Ok((topk, lse))
+    }
+
+    /// The `indexer_lse` input of [`CudaMsa::kl_backward`] (contract §3.2's consistency
+    /// requirement): `[4, T]` f32, the natural-log LSE of `qi·ki/√128` (qi `[T, 4, 128]`, ki
+    /// `[Tk, 1, 128]`, bf16) over the token sets of the selection `metadata` was built from,
+    /// `-inf` for an empty set. Deterministic: repeated calls are bitwise equal.
+    pub fn selection_lse(
+        &self,
+        metadata: &Metadata,
+        qi: &CudaSlice<bf16>,
+        ki: &CudaSlice<bf16>,
+    ) -> Result<CudaSlice<f32>> {
+        let layout = metadata.layout();
+        layout.check("qi", qi, Shape::IndexQueries)?;
+        layout.check("ki", ki, Shape::IndexKeys)?;
+        let mut lse = self.output::<f32>(NUM_INDEX_HEADS * layout.host().total_q())?;
+        let varlen = layout.varlen(self);
+        let s = self.stream();
+        {
+            let (qi, _gq) = qi.device_ptr(s);
+            let (ki, _gk) = ki.device_ptr(s);
+            let (topk, _gt) = metadata.topk().device_ptr(s);
+            let (lse, _gl) = lse.device_ptr_mut(s);
+            // SAFETY: qi and ki have the lengths checked above, the selection is the metadata's
+            // `[4, T, 16]` and lse was allocated `[4, T]` for this layout; `varlen` points into
+            // the layout's live arrays and the stream is the context's.
+            unsafe {
+                launch::indexer::selection_lse(qi, ki, topk, varlen, lse, self.raw_stream())?
+            };
+        }
+        Ok(lse)
     }
 }

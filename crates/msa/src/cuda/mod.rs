@@ -1,15 +1,19 @@
 //! CUDA backend: one device context and stream, typed device buffers, and the gate every entry
 //! point passes first (built with `msa`, driver present, device served by the compiled
 //! kernels), so an unsupported GPU gets a clear error instead of "no kernel image".
+//!
+//! [`CudaMsa`]'s entry points, one kernel family per file: [`CudaMsa::prepare`] (`prepare.rs`),
+//! [`CudaMsa::forward`] and [`CudaMsa::backward`] (`attention.rs`), the backward's pieces
+//! [`CudaMsa::task_build`] (`task_build.rs`) and `backward_*_into` (`pre_post.rs`),
+//! [`CudaMsa::indexer_forward`] and [`CudaMsa::selection_lse`] (`indexer.rs`), and
+//! [`CudaMsa::kl_backward`] (`kl.rs`).
 
-mod api;
+mod attention;
 mod attention_bwd;
 mod attention_fwd;
-pub(crate) mod bench;
 mod indexer;
 mod kl;
 mod layout;
-pub mod pipeline;
 mod pre_post;
 mod prepare;
 mod task_build;
@@ -20,7 +24,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use half::bf16;
 
 use crate::error::Result;
-pub use api::{BackwardOptions, DeviceForward, DeviceGrads};
+pub use attention::{BackwardOptions, DeviceForward, DeviceGrads};
 pub use kl::KlInputs;
 pub use layout::DeviceLayout;
 pub use prepare::Metadata;

@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 use msa_kernels::{launch, sys};
 use msa_plan::schedule::{balanced_target_q_per_cta, flat_schedule_capacity, WORK_WORDS};
 use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
-use msa_plan::{first_topk_fault, validate_topk};
+use msa_plan::{topk_error_word, validate_topk};
 
 use super::layout::Shape;
 use super::{dptr, CudaMsa, DeviceLayout};
@@ -111,18 +111,14 @@ impl Metadata {
     /// error: `MsaError::Plan(PlanError::TopK { .. })` naming the first offending
     /// (head, query, slot) with `msa_plan::topk`'s message.
     pub fn check(&self, msa: &CudaMsa) -> Result<()> {
-        let word = msa.download(&self.error_word)?;
-        if word.iter().all(|&w| w == 0) {
+        let mut word = [0i32; ERROR_WORDS];
+        msa.stream().memcpy_dtoh(&self.error_word, &mut word[..])?;
+        if word == [0; ERROR_WORDS] {
             return Ok(());
         }
         let host = self.layout.host();
         let t = host.total_q();
-        let invalid = || {
-            MsaError::Invalid(format!(
-                "device top-k validation returned an impossible word {word:?} for T = {t}"
-            ))
-        };
-        let (head, query) = match word[..] {
+        let (head, query) = match word {
             [1..=4, h, q, s]
                 if (0..NUM_INDEX_HEADS as i32).contains(&h)
                     && (0..t as i32).contains(&q)
@@ -130,7 +126,12 @@ impl Metadata {
             {
                 (h as usize, q as usize)
             }
-            _ => return Err(invalid()),
+            _ => {
+                return Err(MsaError::DeviceValidation {
+                    word,
+                    detail: format!("which is no fault word for T = {t}"),
+                })
+            }
         };
         // The host message needs the offending row (its value, and for a duplicate the earlier
         // slot). That row alone in an all-padding selection has the same first fault, because
@@ -141,17 +142,15 @@ impl Metadata {
             .clone_dtoh(&self.topk.slice(at..at + TOPK_BLOCKS))?;
         let mut selection = vec![-1; NUM_INDEX_HEADS * t * TOPK_BLOCKS];
         selection[at..at + TOPK_BLOCKS].copy_from_slice(&row);
-        match first_topk_fault(host, &selection)? {
-            Some(fault) if fault.word() == [word[0], word[1], word[2], word[3]] => {}
-            other => {
-                return Err(MsaError::Invalid(format!(
-                    "device top-k validation reported {word:?} but the host rule finds {other:?} \
-                     in row {row:?}"
-                )))
-            }
+        let host_word = topk_error_word(host, &selection)?;
+        if host_word != word {
+            return Err(MsaError::DeviceValidation {
+                word,
+                detail: format!("but the host rule finds {host_word:?} in row {row:?}"),
+            });
         }
         validate_topk(host, &selection)?;
-        Err(invalid())
+        unreachable!("a non-zero error word is a fault of the host rule")
     }
 }
 

@@ -10,7 +10,7 @@ use msa_plan::backward::abi::{DESC_WORDS, META_WORDS, TASK_QUERIES};
 use msa_plan::schedule::WORK_WORDS;
 use msa_plan::topology::{BLOCK_SIZE, NUM_INDEX_HEADS, TOPK_BLOCKS};
 use msa_plan::{
-    build_backward_tasks, grid_launch_bound, task_build_sizes, Int32Array, MSABackwardSchedule,
+    build_backward_tasks, grid_launch_bound, task_build_sizes, Int32Array, MsaBackwardSchedule,
     PlanError, ScheduleParts, TaskBuildSizes,
 };
 
@@ -21,7 +21,7 @@ use crate::error::Result;
 /// noncontiguous segments with it). The host copy is kept so every build can first run
 /// `msa_plan`'s checks of the work items, which the kernels trust.
 pub struct DeviceSchedule {
-    host: MSABackwardSchedule,
+    host: MsaBackwardSchedule,
     row_ptr: CudaSlice<i32>,
     q_indices: CudaSlice<i32>,
     scheduler_metadata: CudaSlice<i32>,
@@ -33,7 +33,7 @@ pub struct DeviceSchedule {
 
 impl DeviceSchedule {
     /// Upload every tensor of `schedule`.
-    pub fn upload(msa: &CudaMsa, schedule: &MSABackwardSchedule) -> Result<Self> {
+    pub fn upload(msa: &CudaMsa, schedule: &MsaBackwardSchedule) -> Result<Self> {
         Ok(Self {
             row_ptr: msa.upload(schedule.row_ptr())?,
             q_indices: msa.upload(schedule.q_indices())?,
@@ -47,7 +47,7 @@ impl DeviceSchedule {
     }
 
     /// The host schedule that was uploaded.
-    pub fn host(&self) -> &MSABackwardSchedule {
+    pub fn host(&self) -> &MsaBackwardSchedule {
         &self.host
     }
 }
@@ -124,7 +124,7 @@ impl Shape {
     /// the device path reuse its rules and error messages (MAX_BINS, int32 overflow).
     fn sizes(&self) -> Result<TaskBuildSizes> {
         let zeros = |shape: &[usize]| Int32Array::new(vec![0; shape.iter().product()], shape);
-        let schedule = MSABackwardSchedule::new(ScheduleParts {
+        let schedule = MsaBackwardSchedule::new(ScheduleParts {
             row_ptr: zeros(&[NUM_INDEX_HEADS, self.rows + 1]),
             q_indices: zeros(&[NUM_INDEX_HEADS, self.edge_capacity]),
             scheduler_metadata: zeros(&[self.work_capacity, WORK_WORDS]),

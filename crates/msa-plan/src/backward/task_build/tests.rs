@@ -29,7 +29,7 @@ fn work_capacity() -> usize {
 
 fn tables(items: &[WorkItem], work_capacity: usize) -> TaskTables {
     let (l, csr, _) = plan();
-    let s = MSABackwardSchedule::from_plan(&l, &csr, items, work_capacity).unwrap();
+    let s = MsaBackwardSchedule::from_plan(&l, &csr, items, work_capacity).unwrap();
     build_backward_tasks(&s, 140, l.workspace_rows(), 2).unwrap()
 }
 
@@ -207,8 +207,8 @@ fn overflow_disables_the_walk() {
 #[test]
 fn work_count_is_clamped_to_the_table() {
     let (l, csr, items) = plan();
-    let mut s = MSABackwardSchedule::from_plan(&l, &csr, &items, 6).unwrap();
-    let with = |s: &MSABackwardSchedule| build_backward_tasks(s, 140, 512, 2).unwrap().desc;
+    let mut s = MsaBackwardSchedule::from_plan(&l, &csr, &items, 6).unwrap();
+    let with = |s: &MsaBackwardSchedule| build_backward_tasks(s, 140, 512, 2).unwrap().desc;
     assert_eq!(with(&s)[DESC_NUM_WORK], 6);
     let parts = |count: i32| super::super::ScheduleParts {
         row_ptr: super::super::Int32Array::new(s.row_ptr().to_vec(), &[4, 4]),
@@ -219,17 +219,17 @@ fn work_count_is_clamped_to_the_table() {
         document_workspace_starts: super::super::Int32Array::vector(vec![0, 128]),
         query_offsets: None,
     };
-    let high = MSABackwardSchedule::new(parts(99)).unwrap();
+    let high = MsaBackwardSchedule::new(parts(99)).unwrap();
     assert_eq!(with(&high)[DESC_NUM_WORK], 6);
     assert_eq!(with(&high)[DESC_NUM_TASKS], 21);
-    s = MSABackwardSchedule::new(parts(-5)).unwrap();
+    s = MsaBackwardSchedule::new(parts(-5)).unwrap();
     assert_eq!(with(&s), [0, 4, 0, 1, 0, 0, 0, 0]);
 }
 
 #[test]
 fn size_and_content_errors() {
     let (l, csr, items) = plan();
-    let s = MSABackwardSchedule::from_plan(&l, &csr, &items, 6).unwrap();
+    let s = MsaBackwardSchedule::from_plan(&l, &csr, &items, 6).unwrap();
     let err = |tokens: usize, ws: usize, sms: usize| {
         build_backward_tasks(&s, tokens, ws, sms)
             .unwrap_err()
@@ -246,7 +246,7 @@ fn size_and_content_errors() {
     assert!(err(140, 256, 2).contains("workspace kblock 2 is not below 2"));
     let mut bad = items.clone();
     bad[2].q_begin = 100;
-    let s = MSABackwardSchedule::from_plan(&l, &csr, &bad, 6).unwrap();
+    let s = MsaBackwardSchedule::from_plan(&l, &csr, &bad, 6).unwrap();
     let msg = build_backward_tasks(&s, 140, 512, 2)
         .unwrap_err()
         .to_string();

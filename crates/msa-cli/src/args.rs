@@ -1,0 +1,93 @@
+//! Flag values with a fixed set of names, typed so that clap rejects anything else and `--help`
+//! lists them.
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::ValueEnum;
+use msa_harness::backend::Backend;
+use msa_harness::check::{Coverage, Tolerances};
+use msa_harness::Result;
+
+/// Where a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The GPU when this build has `msa` and device 0 is supported, else the CPU reference.
+    Auto,
+    /// The CPU reference (msa-ref).
+    Cpu,
+    /// The CUDA kernels on device 0.
+    Cuda,
+}
+
+impl BackendArg {
+    /// The opened backend; `poison_outputs` as [`Backend::cuda`].
+    pub fn open(self, poison_outputs: bool) -> Result<Backend> {
+        match self {
+            Self::Cpu => Ok(Backend::Cpu),
+            Self::Cuda => Backend::cuda(poison_outputs),
+            Self::Auto => {
+                let (backend, note) = Backend::auto(poison_outputs);
+                if let Some(note) = note {
+                    eprintln!("{note}");
+                }
+                Ok(backend)
+            }
+        }
+    }
+}
+
+/// How much of a run's outputs `msa run` checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CheckArg {
+    /// Everything on small cases, a sample of queries and key blocks on large ones.
+    Auto,
+    Full,
+    Sample,
+    /// No check (times only).
+    None,
+}
+
+impl CheckArg {
+    pub fn coverage(self) -> Option<Coverage> {
+        match self {
+            Self::Auto => Some(Coverage::Auto),
+            Self::Full => Some(Coverage::Full),
+            Self::Sample => Some(Coverage::Sample),
+            Self::None => None,
+        }
+    }
+}
+
+/// The limits a check applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TolerancesArg {
+    /// MSA's own limits (contract §8).
+    Msa,
+    /// Tenfold tighter, what the GPU suite uses.
+    Strict,
+}
+
+impl TolerancesArg {
+    pub fn tolerances(self) -> Tolerances {
+        match self {
+            Self::Msa => Tolerances::default(),
+            Self::Strict => Tolerances::strict(),
+        }
+    }
+}
+
+/// A parser onto one of `values` by `name`: `--help` lists the names and clap rejects any other.
+/// For library types that do not derive clap's traits (selection patterns, stages).
+pub fn named<T: Copy + Send + Sync + 'static>(
+    values: impl IntoIterator<Item = T>,
+    name: impl Fn(T) -> String,
+) -> impl TypedValueParser<Value = T> {
+    let table: Vec<(String, T)> = values.into_iter().map(|v| (name(v), v)).collect();
+    let names: Vec<String> = table.iter().map(|(n, _)| n.clone()).collect();
+    PossibleValuesParser::new(names).map(move |chosen| {
+        table
+            .iter()
+            .find(|(n, _)| *n == chosen)
+            .map(|&(_, v)| v)
+            .expect("clap accepts listed names only")
+    })
+}

@@ -1,0 +1,125 @@
+//! `msa run`: cases on a backend, checked with MSA's tolerances against the CPU reference (GPU
+//! backend) or against an independent f64 oracle (CPU backend); `check::plan_for` decides.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Args as ClapArgs;
+use msa_harness::backend::RunOptions;
+use msa_harness::cases;
+use msa_harness::check::{plan_for, CheckReport};
+use msa_harness::Result;
+use msa_plan::flops::FlopModel;
+
+use crate::args::{BackendArg, CheckArg, TolerancesArg};
+use crate::json::JsonLines;
+use crate::select::CaseArgs;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub cases: CaseArgs,
+    /// Where the call runs.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Also run the indexer forward.
+    #[arg(long)]
+    pub indexer: bool,
+    /// Also run the selection LSE and the KL backward.
+    #[arg(long)]
+    pub kl: bool,
+    /// Bitwise-repeatable backward.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// How much of the outputs a GPU run's reference check covers (the CPU backend gets the f64
+    /// oracle's spot check unless `none`).
+    #[arg(long, value_enum, default_value_t = CheckArg::Auto)]
+    pub check: CheckArg,
+    /// Queries in a sampled check against the reference.
+    #[arg(long, default_value_t = 256)]
+    pub sample_queries: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub loss_coeff: f32,
+    /// The limits of every check.
+    #[arg(long, value_enum, default_value_t = TolerancesArg::Msa)]
+    pub tolerances: TolerancesArg,
+    /// Write every result (checks, times, FLOPs) as JSON lines here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `  12.3 TFLOP/s (MSA FLOP model)` for `flops` done in `ms`, or GFLOP/s below a TFLOP/s.
+fn rate(flops: f64, ms: f64) -> String {
+    let tflops = flops / ms / 1e9;
+    if tflops >= 1.0 {
+        format!("  {tflops:.1} TFLOP/s (MSA FLOP model)")
+    } else {
+        format!("  {:.1} GFLOP/s (MSA FLOP model)", tflops * 1e3)
+    }
+}
+
+pub fn run(a: &Args) -> Result<ExitCode> {
+    let tol = a.tolerances.tolerances();
+    let selection = a.cases.select()?;
+    let backend = a.backend.open(true)?;
+    eprintln!("backend: {}", backend.name());
+    let opts = RunOptions {
+        backward: true,
+        indexer: a.indexer,
+        kl: a.kl,
+        deterministic: a.deterministic,
+        loss_coeff: a.loss_coeff,
+    };
+    let mut json = JsonLines::create(a.json.as_deref())?;
+    let specs = &selection.specs;
+    let mut failed = 0;
+    for spec in specs {
+        let t0 = Instant::now();
+        eprintln!("{}: building inputs ...", spec.name());
+        let rank = cases::rank_case(&selection.listed, spec.case_id, spec.rank)?;
+        let p = cases::build(&rank, spec.pattern, spec.seed);
+        eprintln!("{}: running on {} ...", spec.name(), backend.name());
+        let result = backend.run(&p, &opts)?;
+        let report = match a.check.coverage() {
+            None => CheckReport::default(),
+            Some(coverage) => {
+                let plan = plan_for(&backend, &p.layout, coverage, a.sample_queries, spec.seed);
+                eprintln!("{}: checking ({}) ...", spec.name(), plan.describe());
+                plan.check(&p, &result, &tol, a.loss_coeff)?
+            }
+        };
+        let flops = FlopModel::for_layout(&p.layout);
+        println!(
+            "{} on {}: {}",
+            spec.name(),
+            backend.name(),
+            if report.passed() { "PASS" } else { "FAIL" }
+        );
+        print!("{}", report.table());
+        for st in &result.times {
+            let rate = st
+                .stage
+                .flops(&flops)
+                .map_or(String::new(), |f| rate(f, st.ms));
+            println!("  time {:<14} {:>10.2} ms{rate}", st.stage, st.ms);
+        }
+        println!("  total {:.1} s", t0.elapsed().as_secs_f64());
+        failed += !report.passed() as usize;
+        json.write(|| {
+            serde_json::json!({
+                "case": spec.name(), "backend": backend.name(), "passed": report.passed(),
+                "lines": report.lines, "times": result.times,
+                "flops": {"fwd": flops.fwd, "bwd": flops.bwd, "indexer": flops.indexer, "kl": flops.kl},
+            })
+        })?;
+    }
+    if specs.len() > 1 {
+        println!("{} of {} cases passed", specs.len() - failed, specs.len());
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,110 @@
+//! Device-timed repeats of each stage on one uploaded case: a pair of CUDA events around every
+//! call, read after the last one, so host gaps inside a call (prepare's one synchronization)
+//! count and host work between calls does not.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaEvent;
+
+use msa::cuda::{BackwardOptions, CudaMsa, DeviceLayout, KlInputs};
+
+use super::{BenchOptions, StageTimes};
+use crate::error::{HarnessError, Result};
+use crate::io::CallInputs;
+use crate::Stage;
+
+/// `warmup` untimed calls of `call`, then `iters` timed ones; `setup` runs before each call,
+/// outside its events (per-call inputs such as a fresh selection upload).
+fn time<S, R>(
+    m: &CudaMsa,
+    opts: &BenchOptions,
+    mut setup: impl FnMut() -> msa::Result<S>,
+    mut call: impl FnMut(S) -> msa::Result<R>,
+) -> msa::Result<Vec<f64>> {
+    let event = || m.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    for _ in 0..opts.warmup {
+        call(setup()?)?;
+    }
+    let mut pairs: Vec<(CudaEvent, CudaEvent)> = Vec::with_capacity(opts.iters);
+    for _ in 0..opts.iters {
+        let s = setup()?;
+        let (start, end) = (event()?, event()?);
+        start.record(m.stream())?;
+        let r = call(s)?;
+        end.record(m.stream())?;
+        // Outputs are freed stream-ordered after the end event, so the pool reuses them.
+        drop(r);
+        pairs.push((start, end));
+    }
+    m.synchronize()?;
+    pairs
+        .iter()
+        .map(|(a, b)| Ok(a.elapsed_ms(b)? as f64))
+        .collect()
+}
+
+fn missing(stage: Stage, tensors: &'static str) -> HarnessError {
+    HarnessError::MissingInputs { stage, tensors }
+}
+
+pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<StageTimes>> {
+    m.keep_pool_memory()?;
+    let layout = Arc::new(DeviceLayout::new(m, p.layout.clone())?);
+    let (q, k, v) = (m.upload(&p.q)?, m.upload(&p.k)?, m.upload(&p.v)?);
+    let meta = m.prepare(&layout, m.upload(&p.topk_indices)?)?;
+    let fwd = m.forward(&meta, &q, &k, &v)?;
+    let dout = p.dout.as_ref().map(|d| m.upload(d)).transpose()?;
+    let index = match &p.index {
+        Some(i) => Some((m.upload(&i.qi)?, m.upload(&i.ki)?)),
+        None => None,
+    };
+    let none = || -> msa::Result<()> { Ok(()) };
+    let mut out = Vec::with_capacity(opts.stages.len());
+    for &stage in &opts.stages {
+        let ms = match stage {
+            Stage::Prepare => time(
+                m,
+                opts,
+                || m.upload(&p.topk_indices),
+                |topk| m.prepare(&layout, topk),
+            )?,
+            Stage::Forward => time(m, opts, none, |()| m.forward(&meta, &q, &k, &v))?,
+            Stage::Backward | Stage::BackwardDeterministic => {
+                let dout = dout.as_ref().ok_or_else(|| missing(stage, "dout"))?;
+                let bw = BackwardOptions {
+                    deterministic: stage == Stage::BackwardDeterministic,
+                };
+                time(m, opts, none, |()| {
+                    m.backward(&meta, &q, &k, &v, dout, &fwd.out, &fwd.lse, bw)
+                })?
+            }
+            Stage::Indexer => {
+                let (qi, ki) = index.as_ref().ok_or_else(|| missing(stage, "qi, ki"))?;
+                time(m, opts, none, |()| m.indexer_forward(&layout, qi, ki))?
+            }
+            Stage::SelectionLse => {
+                let (qi, ki) = index.as_ref().ok_or_else(|| missing(stage, "qi, ki"))?;
+                time(m, opts, none, |()| m.selection_lse(&meta, qi, ki))?
+            }
+            Stage::Kl => {
+                let (qi, ki) = index.as_ref().ok_or_else(|| missing(stage, "qi, ki"))?;
+                let indexer_lse = m.selection_lse(&meta, qi, ki)?;
+                let inputs = KlInputs {
+                    q: &q,
+                    k: &k,
+                    teacher_lse: &fwd.lse,
+                    qi,
+                    ki,
+                    indexer_lse: &indexer_lse,
+                };
+                time(m, opts, none, |()| m.kl_backward(&meta, &inputs, 1.0))?
+            }
+            Stage::Upload => {
+                unreachable!("BenchOptions::check refuses stages outside Stage::BENCH")
+            }
+        };
+        out.push(StageTimes { stage, ms });
+    }
+    Ok(out)
+}

@@ -1,0 +1,69 @@
+//! A case of the training benchmark as the CLI and the GPU suite build it: one CP16 rank of a
+//! real pack from a manifest, a selection pattern and a seed, fully reproducible.
+
+use std::path::{Path, PathBuf};
+
+use msa_workloads::{
+    case_seed, load_manifest, make_topk, CpConfig, Inputs, Pattern, RankCase, RealCase,
+};
+
+use crate::error::{HarnessError, Result};
+use crate::io::CallInputs;
+
+/// (manifest, case id, CP rank, pattern, seed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaseSpec {
+    pub manifest: PathBuf,
+    pub case_id: u64,
+    pub rank: usize,
+    pub pattern: Pattern,
+    pub seed: u64,
+}
+
+impl CaseSpec {
+    /// A short name for logs: `case434/r0/recent16/s0`.
+    pub fn name(&self) -> String {
+        format!(
+            "case{}/r{}/{}/s{}",
+            self.case_id, self.rank, self.pattern, self.seed
+        )
+    }
+}
+
+/// The manifest's cases, loaded once per path by the caller.
+pub fn manifest(path: &Path) -> Result<Vec<RealCase>> {
+    Ok(load_manifest(path)?)
+}
+
+/// The CP16 rank `rank` of case `case_id`.
+pub fn rank_case(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankCase> {
+    let case = cases
+        .iter()
+        .find(|c| c.case_id == case_id)
+        .ok_or_else(|| HarnessError::Case {
+            id: case_id,
+            reason: format!("not in the manifest ({} cases)", cases.len()),
+        })?;
+    let cfg = CpConfig::default();
+    if rank >= cfg.cp_size {
+        return Err(HarnessError::Case {
+            id: case_id,
+            reason: format!("rank {rank} is out of range (CP size {})", cfg.cp_size),
+        });
+    }
+    Ok(case.rank_cases(&cfg)?.swap_remove(rank))
+}
+
+/// Inputs (seeded by `case_seed(case, rank, seed)`) and the pattern's selection of one rank.
+pub fn build(rank: &RankCase, pattern: Pattern, seed: u64) -> CallInputs {
+    let layout = rank.layout().clone();
+    let inputs = Inputs::generate(&layout, case_seed(rank.case_id(), rank.rank(), seed));
+    CallInputs::generated(layout, inputs, selection(rank, pattern, seed))
+}
+
+/// The pattern's selection of [`build`]: swapping it into a built case gives what `build`
+/// would give for that pattern, without generating the inputs again.
+pub fn selection(rank: &RankCase, pattern: Pattern, seed: u64) -> Vec<i32> {
+    let s = case_seed(rank.case_id(), rank.rank(), seed);
+    make_topk(rank.layout(), pattern, s)
+}

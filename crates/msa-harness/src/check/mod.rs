@@ -1,0 +1,20 @@
+//! Checks of backend results: MSA's tolerances, report lines, the reference comparison (full
+//! or sampled), an independent f64 oracle for spot checks, the comparison of two outputs, and
+//! which check a run gets ([`plan_for`]).
+
+pub mod compare;
+pub mod oracle;
+mod outputs;
+mod plan;
+mod reference;
+mod sample;
+mod spot;
+pub mod structure;
+mod tolerances;
+
+pub use outputs::against_outputs;
+pub use plan::{plan_for, CheckPlan, Coverage, FULL_CHECK_MAX_ELEMENTS};
+pub use reference::against_reference;
+pub use sample::{gather_rows, Sample};
+pub use spot::against_oracle;
+pub use tolerances::{CheckLine, CheckReport, Tolerances};

@@ -1,0 +1,24 @@
+//! msa-harness: runs and checks calls of msa-rs, on the CPU reference (`msa-ref`) or on the GPU
+//! (`msa`, feature `msa`). What the `msa` command and the GPU suite are built from; a training
+//! framework links `msa` alone.
+//!
+//! - [`io`]: the safetensors tensor contract (MSA's tensor names and layouts), [`CallInputs`].
+//! - [`backend`]: one call of the contract, written once over an [`backend::Executor`] with a
+//!   CPU and a CUDA implementation.
+//! - [`cases`]: reproducible calls from real CP16 workloads.
+//! - [`check`]: MSA's tolerances, reference comparisons, an independent f64 oracle, and which of
+//!   them a run gets.
+//! - [`bench`]: device-timed repeats of each GPU [`Stage`] (medians, useful TFLOP/s).
+//!
+//! [`CallInputs`]: io::CallInputs
+
+pub mod backend;
+pub mod bench;
+pub mod cases;
+pub mod check;
+pub mod error;
+pub mod io;
+mod stage;
+
+pub use error::{HarnessError, Result};
+pub use stage::Stage;

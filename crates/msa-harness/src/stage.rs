@@ -1,0 +1,114 @@
+//! The stages of one call: what `msa run` times and `msa bench` repeats.
+
+use std::fmt;
+
+use msa_plan::flops::FlopModel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Host-to-device copies of the layout and the attention inputs (nothing on the CPU).
+    Upload,
+    /// `prepare`: selection validation (one host synchronization on the GPU) and the metadata
+    /// build.
+    Prepare,
+    Forward,
+    /// Atomic backward: delta, device task build, KV-parallel main kernel, postprocess.
+    Backward,
+    /// Bitwise-repeatable backward.
+    BackwardDeterministic,
+    Indexer,
+    /// The index LSE over the attention selection's token sets, the KL backward's
+    /// `indexer_lse`.
+    SelectionLse,
+    /// KL backward (dqi, dki).
+    Kl,
+}
+
+impl Stage {
+    /// Every stage `msa bench` can time: the API's entry points, in call order.
+    pub const BENCH: [Stage; 7] = [
+        Stage::Prepare,
+        Stage::Forward,
+        Stage::Backward,
+        Stage::BackwardDeterministic,
+        Stage::Indexer,
+        Stage::SelectionLse,
+        Stage::Kl,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Upload => "upload",
+            Stage::Prepare => "prepare",
+            Stage::Forward => "forward",
+            Stage::Backward => "backward",
+            Stage::BackwardDeterministic => "backward_det",
+            Stage::Indexer => "indexer",
+            Stage::SelectionLse => "selection_lse",
+            Stage::Kl => "kl",
+        }
+    }
+
+    /// Useful FLOPs of one call (MSA FLOP model); `None` for stages the model does not count.
+    pub fn flops(self, model: &FlopModel) -> Option<f64> {
+        match self {
+            Stage::Upload | Stage::Prepare | Stage::SelectionLse => None,
+            Stage::Forward => Some(model.fwd),
+            Stage::Backward | Stage::BackwardDeterministic => Some(model.bwd),
+            Stage::Indexer => Some(model.indexer),
+            Stage::Kl => Some(model.kl),
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// Written by name, as printed.
+impl serde::Serialize for Stage {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flops_follow_the_model() {
+        let model = FlopModel {
+            fwd: 2.0,
+            bwd: 5.0,
+            indexer: 1.0,
+            kl: 3.0,
+        };
+        let flops: Vec<_> = Stage::BENCH.iter().map(|s| s.flops(&model)).collect();
+        assert_eq!(
+            flops,
+            [
+                None,
+                Some(2.0),
+                Some(5.0),
+                Some(5.0),
+                Some(1.0),
+                None,
+                Some(3.0)
+            ]
+        );
+        assert_eq!(Stage::Upload.flops(&model), None);
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<_> = Stage::BENCH.iter().map(|s| s.name()).collect();
+        names.push(Stage::Upload.name());
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+}
