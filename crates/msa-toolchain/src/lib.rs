@@ -3,14 +3,17 @@
 //! [`discover`] finds one (explicit environment variables first, then `nvcc` on `PATH`, then the
 //! per-user cache); [`install_pinned`] fills the cache from pinned PyPI wheels. The nvcc flags
 //! live here so that `build.rs` (through `cc`) and `cargo xtask build-kernels` (compile-only)
-//! compile the same way.
+//! compile the same way, and [`cache`] names each compiled object by the hash of everything
+//! that goes into it, so both reuse unchanged translation units.
 //!
 //! Modules: `flags` (architectures, nvcc flags, the translation units), `discover` (finding a
-//! toolkit and CUTLASS), `install` (the pinned PyPI install); everything is re-exported here.
+//! toolkit and CUTLASS), `install` (the pinned PyPI install), all re-exported here, and
+//! [`cache`] (the object cache).
 
 use std::io;
 use std::path::PathBuf;
 
+pub mod cache;
 mod discover;
 mod flags;
 mod install;
