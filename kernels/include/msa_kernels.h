@@ -3,6 +3,7 @@
 #ifndef MSA_KERNELS_H
 #define MSA_KERNELS_H
 
+#include "msa/abi.h"
 #include "msa/common.h"
 #include "msa/util.h"
 #include "msa/attention.h"

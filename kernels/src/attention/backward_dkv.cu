@@ -34,15 +34,15 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
     const int lo = row_ptr[pb], hi = row_ptr[pb + 1];
     const int n_half_tiles = hi > lo ? (hi - lo + kSlotsPerHalf - 1) / kSlotsPerHalf : 0;
 
-    // Slot i of half tile j is CSR entry lo + 4 j + i; its low 8 bits of phys_valid are the keys of
-    // this block the query sees.
+    // Slot i of half tile j is CSR entry lo + 4 j + i; the low bits of its phys_valid are the keys
+    // of this block the query sees.
     auto slot_of = [&](int j) {
         return [=](int i) -> SlotInfo {
             const int e = lo + kSlotsPerHalf * j + i;
             if (e >= hi) return invalid_slot();
             const int qrow = phys_q_indices[edges + e];
             if (qrow < 0 || qrow >= varlen.total_q) return invalid_slot();
-            return SlotInfo{qrow, min(phys_valid[edges + e] & 0xff, bk.count)};
+            return SlotInfo{qrow, min(phys_valid[edges + e] & kPhysVisibleMask, bk.count)};
         };
     };
 

@@ -30,7 +30,7 @@
 namespace msa {
 
 constexpr int kKvOuterThreads = 256;
-constexpr int kSlotsPerTask = 8;
+constexpr int kSlotsPerTask = kTaskQueries;  // query slots of a task row
 constexpr int kSlotsPerHalf = 4;
 constexpr int kHalfRows = kSlotsPerHalf * kHeadsPerGroup;  // 64 rows: row 16 i + h = slot i, head h
 constexpr int kHalfTileBytes = kHalfRows * kTileRowBytes;  // 16 KB

@@ -28,9 +28,8 @@
 namespace msa {
 namespace {
 
-// The 4 index heads share the one index-key head; index dim and scale equal the attention's.
-constexpr int kIndexHeads = kGroups;
-constexpr int kIndexDim = kHeadDim;
+// The 4 index heads (common/constants.cuh) share the one index-key head; index dim and scale
+// equal the attention's.
 constexpr int kIndexRow = kIndexHeads * kIndexDim;  // elements of one query's qi rows
 
 constexpr int kTileQueries = 64;

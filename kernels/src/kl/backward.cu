@@ -34,8 +34,6 @@
 namespace msa {
 namespace {
 
-constexpr int kIndexHeads = kGroups;  // one index head per KV group; index dim = head dim
-constexpr int kIndexDim = kHeadDim;
 constexpr int kSlots = kTopK;  // dQI partial slots per (group, query): writer ranks 0 .. 15
 
 constexpr int kKlThreads = 256;
@@ -180,8 +178,8 @@ __device__ __forceinline__ void load_pairs(KlSmem& s, int buf, const KlParams& a
         if (c == 0) {
             const int w = qr >= 0 ? valid[edge0 + i] : 0;
             s.qrow[buf][i] = qr;
-            s.nvis[buf][i] = qr >= 0 ? min(w & 0xff, block_count) : 0;
-            s.slot[buf][i] = min((w >> 8) & 0xff, kSlots - 1);
+            s.nvis[buf][i] = qr >= 0 ? min(w & kPhysVisibleMask, block_count) : 0;
+            s.slot[buf][i] = min((w >> kPhysRankShift) & 0xff, kSlots - 1);
             s.ilse2[buf][i] = qr >= 0 ? lse_to_log2(a.indexer_lse[static_cast<int64_t>(g) * v.total_q + qr]) : 0.f;
         }
     }
@@ -555,7 +553,8 @@ extern "C" int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float
     const int capacity = static_cast<int>(w.capacity);
     // grad_scale = iscale * loss_coeff / (4 T) in double, rounded once (as the reference).
     const double t = varlen.total_q > 0 ? varlen.total_q : 1;
-    const float grad_scale = static_cast<float>(0.088388347648318440550 * static_cast<double>(loss_coeff) / (4.0 * t));
+    const float grad_scale = static_cast<float>(msa::kScaleF64 * static_cast<double>(loss_coeff) /
+                                                (static_cast<double>(msa::kIndexHeads) * t));
 
     msa::KlParams a;
     a.q = q;

@@ -7,12 +7,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "common/constants.cuh"
+
 namespace {
 
-constexpr int kHeads = 64;
-constexpr int kGroups = 4;
-constexpr int kHeadDim = 128;
-constexpr int kBlock = 128;
+using msa::kBlock;
+using msa::kGroups;
+using msa::kHeadDim;
+using msa::kHeads;
 constexpr int kThreads = 256;
 constexpr int kVec = 8;                          // elements per thread and access
 constexpr int kLanesPerRow = kHeadDim / kVec;    // 16: one (t, h) row per half warp

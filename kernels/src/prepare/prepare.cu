@@ -32,14 +32,19 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include "common/constants.cuh"
+
 namespace {
 
-constexpr int kIndexHeads = 4;  // index heads = KV groups
-constexpr int kTopK = 16;       // slots per (head, query)
-constexpr int kBlock = 128;     // keys per block
-constexpr int kWorkWords = 6;   // scheduler_metadata row
-constexpr int kQsplitRankShift = 24;
-constexpr int kPhysRankShift = 8;
+using msa::kBlock;
+using msa::kIndexHeads;  // index heads = KV groups
+using msa::kTopK;        // slots per (head, query)
+constexpr int kWorkWords = MSA_WORK_WORDS;  // scheduler_metadata row
+using msa::kPhysRankShift;
+using msa::kQsplitRankShift;
+constexpr int kEdgesPerQuery = kIndexHeads * kTopK;  // top-k entries of one query
+// Edge threads decode (head, query, slot) from their linear index with shifts.
+static_assert(kTopK == 16 && kEdgesPerQuery == 64, "lin = (head * T + q) * 16 + slot");
 constexpr unsigned kFullMask = 0xffffffffu;
 // The fault word starts as all ones (memset 0xFF): larger than any (lin << 8 | code).
 constexpr unsigned long long kNoFault = ~0ull;
@@ -159,17 +164,17 @@ struct EdgeOut {
 
 // msa_plan::topk::entry_code; `dup` = an earlier slot of the row holds the same value.
 __device__ __forceinline__ int entry_code(int value, bool dup, int own_block, int num_blocks) {
-    if (value == -1) return 0;
-    if (value < 0) return 1;
-    if (value >= num_blocks) return 2;
-    if (value > own_block) return 3;
-    if (dup) return 4;
-    return 0;
+    if (value == MSA_TOPK_PADDING) return MSA_TOPK_OK;
+    if (value < 0) return MSA_TOPK_NEGATIVE;
+    if (value >= num_blocks) return MSA_TOPK_OUT_OF_RANGE;
+    if (value > own_block) return MSA_TOPK_NON_CAUSAL;
+    if (dup) return MSA_TOPK_DUPLICATE;
+    return MSA_TOPK_OK;
 }
 
 __global__ void __launch_bounds__(kThreads) edge_kernel(const int* __restrict__ topk, MsaVarlen v,
                                                         EdgeOut o) {
-    const unsigned n = 64u * unsigned(v.total_q);
+    const unsigned n = unsigned(kEdgesPerQuery) * unsigned(v.total_q);
     const unsigned lin = blockIdx.x * unsigned(kThreads) + threadIdx.x;
     const bool live = lin < n;
     const int slot = int(lin & 15u);
@@ -310,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) work_kernel(MsaVarlen v, WorkArgs a)
     const int keys = kIndexHeads * R;  // W has keys + 1 entries
     const int total = a.work_offsets[keys];
     if (i == 0) *a.work_count = total;
-    int words[kWorkWords] = {0, 0, 0, 0, 0, 0};
+    int words[kWorkWords] = {};
     if (i < total) {
         // Last k with W[k] <= i: rows without chunks share their successor's offset and are
         // skipped because W[k + 1] > i.
@@ -326,12 +331,12 @@ __global__ void __launch_bounds__(kThreads) work_kernel(MsaVarlen v, WorkArgs a)
         const int head = lo / R;
         const int row = lo - head * R;
         const int q_begin = (i - a.work_offsets[lo]) * a.target;
-        words[0] = head;
-        words[1] = row;
-        words[2] = q_begin;
-        words[3] = min(a.target, a.k2q_counts[lo] - q_begin);
-        words[4] = a.row_frag[row];
-        words[5] = a.row_level[row];
+        words[MSA_WORK_HEAD] = head;
+        words[MSA_WORK_ROW] = row;
+        words[MSA_WORK_Q_BEGIN] = q_begin;
+        words[MSA_WORK_Q_COUNT] = min(a.target, a.k2q_counts[lo] - q_begin);
+        words[MSA_WORK_FRAGMENT] = a.row_frag[row];
+        words[MSA_WORK_KBLOCK] = a.row_level[row];
     }
     int* out = a.meta + static_cast<size_t>(i) * kWorkWords;
 #pragma unroll
@@ -392,7 +397,7 @@ int key_bits(unsigned sentinel) {
 
 struct Plan {
     // Sizes.
-    int n_edges;  // 64 * T
+    int n_edges;  // 64 * T (kEdgesPerQuery per query)
     int k2q_keys;  // 4R: sentinel and scan length - 1
     int phys_keys; // 4P
     // Byte offsets into the workspace.
@@ -416,13 +421,13 @@ struct Carver {
 // function serves msa_prepare_workspace_bytes and the launcher, so they always agree.
 cudaError_t make_plan(const MsaVarlen& v, Plan* p) {
     const long long t = v.total_q, r = v.total_rows, pb = v.padded_kv_blocks, b = v.batch;
-    if (t < 0 || r < 0 || pb < 1 || b < 1 || 64 * t > INT32_MAX || 4 * (r + 1) > INT32_MAX ||
-        4 * (pb + 1) > INT32_MAX || (t > 0 && r < 1)) {
+    if (t < 0 || r < 0 || pb < 1 || b < 1 || kEdgesPerQuery * t > INT32_MAX || kIndexHeads * (r + 1) > INT32_MAX ||
+        kIndexHeads * (pb + 1) > INT32_MAX || (t > 0 && r < 1)) {
         return cudaErrorInvalidValue;
     }
-    p->n_edges = int(64 * t);
-    p->k2q_keys = int(4 * r);
-    p->phys_keys = int(4 * pb);
+    p->n_edges = int(kEdgesPerQuery * t);
+    p->k2q_keys = int(kIndexHeads * r);
+    p->phys_keys = int(kIndexHeads * pb);
     const size_t n = size_t(p->n_edges);
     Carver c;
     p->fault = c.take<unsigned long long>(1);
@@ -570,7 +575,8 @@ extern "C" int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen,
     oa.chunk_counts = chunk_counts;
     oa.target = target_q_per_cta;
     const long long offset_items =
-        4LL * (varlen.total_rows > varlen.padded_kv_blocks ? varlen.total_rows : varlen.padded_kv_blocks) + 4;
+        static_cast<long long>(kIndexHeads) *
+            ((varlen.total_rows > varlen.padded_kv_blocks ? varlen.total_rows : varlen.padded_kv_blocks) + 1);
     offsets_kernel<<<grid_for(offset_items), kThreads, 0, s>>>(varlen, oa);
     MSA_TRY(cudaGetLastError());
 

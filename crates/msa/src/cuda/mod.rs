@@ -2,6 +2,7 @@
 //! point passes first (built with `msa`, driver present, device served by the compiled
 //! kernels), so an unsupported GPU gets a clear error instead of "no kernel image".
 
+mod abi_check;
 mod api;
 mod attention_bwd;
 mod attention_fwd;
