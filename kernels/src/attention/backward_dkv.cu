@@ -9,6 +9,7 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/ptx.cuh"
 #include "common/varlen.cuh"
 #include "attention/tile_kv_outer.cuh"
@@ -91,12 +92,8 @@ extern "C" int msa_attn_backward_dkv(const uint16_t* q, const uint16_t* k, const
                                      const int32_t* phys_q_indices, const int32_t* phys_valid, MsaVarlen varlen,
                                      uint16_t* dk, uint16_t* dv, void* stream) {
     if (varlen.padded_kv_blocks <= 0 || varlen.total_k <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::KvOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_backward_dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
     const dim3 grid(varlen.padded_kv_blocks, msa::kGroups);
-    msa::attn_backward_dkv_kernel<<<grid, msa::kKvOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, dout, lse, delta, phys_row_ptr, phys_q_indices, phys_valid, varlen, dk, dv);
-    return cudaGetLastError();
+    return msa::launch_smem(msa::attn_backward_dkv_kernel, grid, msa::kKvOuterThreads, sizeof(msa::KvOuterSmem),
+                            static_cast<cudaStream_t>(stream), q, k, v, dout, lse, delta, phys_row_ptr,
+                            phys_q_indices, phys_valid, varlen, dk, dv);
 }

@@ -8,6 +8,7 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
 #include "common/tile.cuh"
@@ -136,12 +137,7 @@ extern "C" int msa_attn_backward_dq(const uint16_t* q, const uint16_t* k, const 
                                     const float* lse, const float* delta, const int32_t* topk, MsaVarlen varlen,
                                     uint16_t* dq, void* stream) {
     if (varlen.total_q <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::QOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
     const dim3 grid((varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
-    msa::attn_backward_dq_kernel<<<grid, msa::kQOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, dout, lse, delta, topk, varlen, dq);
-    return cudaGetLastError();
+    return msa::launch_smem(msa::attn_backward_dq_kernel, grid, msa::kQOuterThreads, sizeof(msa::QOuterSmem),
+                            static_cast<cudaStream_t>(stream), q, k, v, dout, lse, delta, topk, varlen, dq);
 }

@@ -11,6 +11,7 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/ptx.cuh"
 #include "common/varlen.cuh"
 #include "attention/task_walk.cuh"
@@ -134,11 +135,7 @@ extern "C" int msa_attn_backward_main(const uint16_t* q, const uint16_t* k, cons
                                       int32_t grid_launch, MsaVarlen varlen, float* dq_accum, float* dk_pool,
                                       float* dv_pool, void* stream) {
     if (grid_launch <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::KvOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_backward_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    msa::attn_backward_main_kernel<<<grid_launch, msa::kKvOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, dout, lse, delta, task_meta, task_qrows, task_qpos, desc, varlen, dq_accum, dk_pool, dv_pool);
-    return cudaGetLastError();
+    return msa::launch_smem(msa::attn_backward_main_kernel, grid_launch, msa::kKvOuterThreads,
+                            sizeof(msa::KvOuterSmem), static_cast<cudaStream_t>(stream), q, k, v, dout, lse,
+                            delta, task_meta, task_qrows, task_qpos, desc, varlen, dq_accum, dk_pool, dv_pool);
 }

@@ -8,6 +8,7 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
@@ -97,12 +98,7 @@ __global__ void __launch_bounds__(kQOuterThreads, 1)
 extern "C" int msa_attn_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32_t* topk,
                                 MsaVarlen varlen, uint16_t* out, float* lse, void* stream) {
     if (varlen.total_q <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::QOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
     const dim3 grid((varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
-    msa::attn_forward_kernel<<<grid, msa::kQOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, topk, varlen, out, lse);
-    return cudaGetLastError();
+    return msa::launch_smem(msa::attn_forward_kernel, grid, msa::kQOuterThreads, sizeof(msa::QOuterSmem),
+                            static_cast<cudaStream_t>(stream), q, k, v, topk, varlen, out, lse);
 }

@@ -18,6 +18,7 @@
 
 #include "msa/indexer.h"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/scan.cuh"
@@ -99,10 +100,10 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     ScoresSmem& s = *reinterpret_cast<ScoresSmem*>(smem_raw);
     const int q0 = tile_q0[blockIdx.x];
     if (q0 < 0) return;  // past the last tile (CTA-uniform)
-    const int b = v.query_fragment[q0];
-    const int k_base = v.cu_seqlens_k[v.fragment_first[b]];
-    const int q_start = v.cu_seqlens_q[b], q_end = v.cu_seqlens_q[b + 1];
-    const int k_len = v.cu_seqlens_k[b + 1] - k_base;
+    const FragmentCoord f = fragment_coord(v, v.query_fragment[q0]);
+    const int k_base = f.k_base;
+    const int q_start = f.q_start, q_end = f.q_start + f.q_len;
+    const int k_len = f.k_len;
     const int nq = min(kTileQueries, q_end - q0);
     const int pos0 = k_len - (q_end - q_start) + (q0 - q_start);  // position of the tile's first query
     const int p_last = pos0 + nq - 1;
@@ -326,20 +327,14 @@ extern "C" int msa_indexer_forward(const uint16_t* qi, const uint16_t* ki, MsaVa
     const int capacity = static_cast<int>(w.tile_capacity);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
 
-    msa::indexer_tiles_kernel<<<1, msa::kTableThreads, 0, s>>>(varlen, tiles, capacity);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    MSA_TRY(msa::launch(msa::indexer_tiles_kernel, 1, msa::kTableThreads, s, varlen, tiles, capacity));
 
-    const int smem = static_cast<int>(sizeof(msa::ScoresSmem));
-    err = cudaFuncSetAttribute(msa::indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
     const dim3 grid(capacity, (varlen.max_blocks + msa::kChunkBlocks - 1) / msa::kChunkBlocks);
-    msa::indexer_scores_kernel<<<grid, msa::kScoreThreads, smem, s>>>(qi, ki, tiles, varlen, bmax, bsum);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    MSA_TRY(msa::launch_smem(msa::indexer_scores_kernel, grid, msa::kScoreThreads, sizeof(msa::ScoresSmem), s, qi,
+                             ki, tiles, varlen, bmax, bsum));
 
     const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
     const int64_t ctas = (rows + msa::kSelectThreads / 32 - 1) / (msa::kSelectThreads / 32);
-    msa::indexer_select_kernel<<<static_cast<unsigned>(ctas), msa::kSelectThreads, 0, s>>>(bmax, bsum, varlen, topk, lse);
-    return cudaGetLastError();
+    return msa::launch(msa::indexer_select_kernel, static_cast<unsigned>(ctas), msa::kSelectThreads, s, bmax, bsum,
+                       varlen, topk, lse);
 }

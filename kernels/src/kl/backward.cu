@@ -25,6 +25,7 @@
 
 #include "msa/kl.h"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/ptx.cuh"
 #include "common/scan.cuh"
 #include "common/softmax.cuh"
@@ -458,8 +459,7 @@ __global__ void __launch_bounds__(kReduceThreads)
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (kReduceThreads / 32) + (threadIdx.x >> 5);
     if (row >= static_cast<int64_t>(kIndexHeads) * v.total_q) return;  // warp-uniform
     const int t = static_cast<int>(row % v.total_q), g = static_cast<int>(row / v.total_q);
-    const int b = v.query_fragment[t];
-    const int num_blocks = (v.cu_seqlens_k[b + 1] - v.cu_seqlens_k[v.fragment_first[b]] + kBlock - 1) / kBlock;
+    const int num_blocks = fragment_coord(v, v.query_fragment[t]).num_blocks();
     // The physical CSR has one edge per entry 0 <= e < num_blocks, and the writer ranks of a
     // query's edges are 0 .. count - 1: exactly the slots the main kernel wrote.
     const int e = lane < kTopK ? topk[row * kTopK + lane] : -1;
@@ -573,33 +573,24 @@ extern "C" int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float
     a.dki = dki;
     a.grad_scale = grad_scale;
 
-    msa::kl_items_kernel<<<1, msa::kTableThreads, 0, s>>>(phys_row_ptr, varlen, reinterpret_cast<int32_t*>(ws + w.items),
-                                                          reinterpret_cast<int32_t*>(ws + w.block_items), capacity);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    MSA_TRY(msa::launch(msa::kl_items_kernel, 1, msa::kTableThreads, s, phys_row_ptr, varlen,
+                        reinterpret_cast<int32_t*>(ws + w.items), reinterpret_cast<int32_t*>(ws + w.block_items),
+                        capacity));
 
     if (capacity > 0) {
-        const int smem = static_cast<int>(sizeof(msa::KlSmem));
-        err = cudaFuncSetAttribute(msa::kl_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (err != cudaSuccess) return err;
-        msa::kl_main_kernel<<<capacity, msa::kKlThreads, smem, s>>>(a, varlen);
-        err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
+        MSA_TRY(msa::launch_smem(msa::kl_main_kernel, capacity, msa::kKlThreads, sizeof(msa::KlSmem), s, a, varlen));
     }
 
     if (varlen.total_q > 0) {
         const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
         const int64_t ctas = (rows + msa::kReduceThreads / 32 - 1) / (msa::kReduceThreads / 32);
-        msa::kl_dqi_kernel<<<static_cast<unsigned>(ctas), msa::kReduceThreads, 0, s>>>(a.dqi_part, topk, varlen,
-                                                                                       grad_scale, dqi);
-        err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
+        MSA_TRY(msa::launch(msa::kl_dqi_kernel, static_cast<unsigned>(ctas), msa::kReduceThreads, s, a.dqi_part, topk,
+                            varlen, grad_scale, dqi));
     }
 
     if (varlen.padded_kv_blocks > 0) {
-        msa::kl_dki_kernel<<<varlen.padded_kv_blocks, msa::kReduceThreads, 0, s>>>(a.dki_part, a.block_items, varlen,
-                                                                                     grad_scale, dki);
-        err = cudaGetLastError();
+        MSA_TRY(msa::launch(msa::kl_dki_kernel, varlen.padded_kv_blocks, msa::kReduceThreads, s, a.dki_part,
+                            a.block_items, varlen, grad_scale, dki));
     }
-    return err;
+    return cudaSuccess;
 }

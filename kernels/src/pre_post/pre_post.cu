@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 
 namespace {
 
@@ -107,17 +108,16 @@ extern "C" int msa_pre_post_delta(const uint16_t* out, const uint16_t* dout, int
     }
     if (total_q == 0) return cudaSuccess;
     const long long rows = static_cast<long long>(total_q) * kHeads;
-    delta_kernel<<<unsigned((rows + kRowsPerCta - 1) / kRowsPerCta), kThreads, 0,
-                   static_cast<cudaStream_t>(stream)>>>(out, dout, rows, delta);
-    return cudaGetLastError();
+    return msa::launch(delta_kernel, unsigned((rows + kRowsPerCta - 1) / kRowsPerCta), kThreads,
+                       static_cast<cudaStream_t>(stream), out, dout, rows, delta);
 }
 
 extern "C" int msa_pre_post_dq(const float* dq_accum, int32_t total_q, uint16_t* dq, void* stream) {
     if (total_q < 0 || !aligned16(dq_accum) || !aligned16(dq)) return cudaErrorInvalidValue;
     if (total_q == 0) return cudaSuccess;
     const long long vecs = static_cast<long long>(total_q) * kHeads * kHeadDim / kVec;
-    dq_kernel<<<grid_for(vecs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(dq_accum, vecs, dq);
-    return cudaGetLastError();
+    return msa::launch(dq_kernel, grid_for(vecs), kThreads, static_cast<cudaStream_t>(stream), dq_accum,
+                       vecs, dq);
 }
 
 extern "C" int msa_pre_post_dkv(const float* dk_pool, const float* dv_pool, MsaVarlen varlen,
@@ -128,7 +128,6 @@ extern "C" int msa_pre_post_dkv(const float* dk_pool, const float* dv_pool, MsaV
     }
     if (varlen.padded_kv_blocks == 0 || varlen.total_k == 0) return cudaSuccess;
     const long long vecs = static_cast<long long>(varlen.padded_kv_blocks) * kBlock * kKvRowVecs;
-    dkv_kernel<<<dim3(grid_for(vecs), 2), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        dk_pool, dv_pool, varlen, dk, dv);
-    return cudaGetLastError();
+    return msa::launch(dkv_kernel, dim3(grid_for(vecs), 2), kThreads, static_cast<cudaStream_t>(stream),
+                       dk_pool, dv_pool, varlen, dk, dv);
 }

@@ -33,6 +33,8 @@
 #include <cub/device/device_scan.cuh>
 
 #include "common/constants.cuh"
+#include "common/launch.cuh"
+#include "common/varlen.cuh"
 
 namespace {
 
@@ -52,33 +54,18 @@ constexpr unsigned long long kNoFault = ~0ull;
 constexpr int kThreads = 256;        // every grid-shaped kernel
 constexpr int kRowMapThreads = 256;  // one CTA per level
 
-#define MSA_TRY(expr)                        \
-    do {                                     \
-        const cudaError_t err_ = (expr);     \
-        if (err_ != cudaSuccess) return err_; \
-    } while (0)
-
-// ---------------------------------------------------------------------------------------------
-// Layout facts (docs/design.md "Layout facts"), as msa_plan::layout::Fragment.
-
+// The fragment facts the kernels below use, evaluated once (common/varlen.cuh's helper).
 struct Frag {
     int q_start;
     int q_len;
     int k_len;
     int num_blocks;
-    int phys_base;  // physical block of the document's block 0
+    int phys_base;
 };
 
 __device__ __forceinline__ Frag fragment(const MsaVarlen& v, int b) {
-    const int first = v.fragment_first[b];
-    const int k_base = v.cu_seqlens_k[first];
-    Frag f;
-    f.q_start = v.cu_seqlens_q[b];
-    f.q_len = v.cu_seqlens_q[b + 1] - f.q_start;
-    f.k_len = v.cu_seqlens_k[b + 1] - k_base;
-    f.num_blocks = (f.k_len + kBlock - 1) / kBlock;
-    f.phys_base = (k_base + first * kBlock) / kBlock;
-    return f;
+    const msa::FragmentCoord c = msa::fragment_coord(v, b);
+    return Frag{c.q_start, c.q_len, c.k_len, c.num_blocks(), c.phys_base()};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -532,8 +519,7 @@ extern "C" int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen,
     rm.doc_qoff = out.query_offsets;
     // Level 0's CTA also writes the per-fragment arrays, so at least one CTA runs.
     const unsigned levels = varlen.max_blocks > 1 ? unsigned(varlen.max_blocks) : 1u;
-    row_map_kernel<<<levels, kRowMapThreads, 0, s>>>(varlen, rm);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(row_map_kernel, levels, kRowMapThreads, s, varlen, rm));
 
     auto* k2q_keys_a = static_cast<unsigned*>(at(plan.k2q_keys_a));
     auto* k2q_vals_a = static_cast<unsigned*>(at(plan.k2q_vals_a));
@@ -553,11 +539,9 @@ extern "C" int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen,
         eo.phys_counts = phys_counts;
         eo.row_offsets = rm.row_offsets;
         eo.row_map = rm.row_map;
-        edge_kernel<<<grid_for(plan.n_edges), kThreads, 0, s>>>(topk, varlen, eo);
-        MSA_TRY(cudaGetLastError());
+        MSA_TRY(msa::launch(edge_kernel, grid_for(plan.n_edges), kThreads, s, topk, varlen, eo));
     }
-    error_word_kernel<<<1, 1, 0, s>>>(fault, varlen.total_q, out.error_word);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(error_word_kernel, 1, 1, s, fault, varlen.total_q, out.error_word));
 
     size_t temp_bytes = plan.temp_bytes;
     MSA_TRY(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, static_cast<const int*>(k2q_counts),
@@ -577,8 +561,7 @@ extern "C" int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen,
     const long long offset_items =
         static_cast<long long>(kIndexHeads) *
             ((varlen.total_rows > varlen.padded_kv_blocks ? varlen.total_rows : varlen.padded_kv_blocks) + 1);
-    offsets_kernel<<<grid_for(offset_items), kThreads, 0, s>>>(varlen, oa);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(offsets_kernel, grid_for(offset_items), kThreads, s, varlen, oa));
 
     temp_bytes = plan.temp_bytes;
     MSA_TRY(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, static_cast<const int*>(chunk_counts),
@@ -593,8 +576,7 @@ extern "C" int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen,
     wa.work_count = out.work_count;
     wa.target = target_q_per_cta;
     wa.capacity = work_capacity;
-    work_kernel<<<grid_for(work_capacity), kThreads, 0, s>>>(varlen, wa);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(work_kernel, grid_for(work_capacity), kThreads, s, varlen, wa));
 
     if (n > 0) {
         cub::DoubleBuffer<unsigned> keys(k2q_keys_a, keys_b);
@@ -602,20 +584,19 @@ extern "C" int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen,
         temp_bytes = plan.temp_bytes;
         MSA_TRY(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, vals32, plan.n_edges, 0,
                                                 key_bits(unsigned(plan.k2q_keys)), s));
-        scatter_k2q_kernel<<<grid_for(plan.n_edges), kThreads, 0, s>>>(
-            keys.Current(), vals32.Current(), k2q_offsets, varlen.total_rows, plan.n_edges,
-            out.q_indices, out.qsplit);
-        MSA_TRY(cudaGetLastError());
+        MSA_TRY(msa::launch(scatter_k2q_kernel, grid_for(plan.n_edges), kThreads, s, keys.Current(),
+                            vals32.Current(), k2q_offsets, varlen.total_rows, plan.n_edges,
+                            out.q_indices, out.qsplit));
 
         cub::DoubleBuffer<unsigned> pkeys(phys_keys_a, keys_b);
         cub::DoubleBuffer<unsigned long long> vals64(phys_vals_a, vals_b);
         temp_bytes = plan.temp_bytes;
         MSA_TRY(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, pkeys, vals64, plan.n_edges, 0,
                                                 key_bits(unsigned(plan.phys_keys)), s));
-        scatter_phys_kernel<<<grid_for(plan.n_edges), kThreads, 0, s>>>(
-            pkeys.Current(), vals64.Current(), phys_offsets, varlen.padded_kv_blocks,
-            plan.n_edges, out.phys_q_indices, out.phys_valid);
-        MSA_TRY(cudaGetLastError());
+        MSA_TRY(msa::launch(scatter_phys_kernel, grid_for(plan.n_edges), kThreads, s,
+                            pkeys.Current(), vals64.Current(), phys_offsets,
+                            varlen.padded_kv_blocks, plan.n_edges, out.phys_q_indices,
+                            out.phys_valid));
     }
     return cudaSuccess;
 }

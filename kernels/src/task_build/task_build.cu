@@ -12,6 +12,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 
 namespace {
 
@@ -29,12 +30,6 @@ using msa::kIndexHeads;
 constexpr int kScanThreads = 1024;  // scan_work, scan_bins: one CTA
 constexpr int kScanItems = 8;       // consecutive items per thread and tile
 constexpr int kThreads = 256;       // assign_segments, scatter_tables
-
-#define MSA_TRY(expr)                        \
-    do {                                     \
-        const cudaError_t err_ = (expr);     \
-        if (err_ != cudaSuccess) return err_; \
-    } while (0)
 
 // Derived sizes and the scratch carve (word offsets).
 struct Sizes {
@@ -332,9 +327,8 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     sc.offsets = scratch + z.bins_at + MSA_BIN_OFFSETS * z.bins;
     sc.decode = scratch + z.task_decode;
 
-    scan_work_kernel<<<1, kScanThreads, 0, s>>>(inputs.scheduler_metadata, inputs.work_count,
-                                                z.work_capacity, z.bins, sc);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(scan_work_kernel, 1, kScanThreads, s, inputs.scheduler_metadata,
+                        inputs.work_count, z.work_capacity, z.bins, sc));
 
     const unsigned task_grid = unsigned((z.capacity + kThreads - 1) / kThreads);
     AssignArgs aa;
@@ -344,11 +338,9 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     aa.capacity = z.capacity;
     aa.num_windows = z.num_windows;
     aa.num_kblocks = z.num_kblocks;
-    assign_segments_kernel<<<task_grid, kThreads, 0, s>>>(aa, sc);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(assign_segments_kernel, task_grid, kThreads, s, aa, sc));
 
-    scan_bins_kernel<<<1, kScanThreads, 0, s>>>(z.bins, sc);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(msa::launch(scan_bins_kernel, 1, kScanThreads, s, z.bins, sc));
 
     ScatterArgs sa;
     sa.in = inputs;
@@ -360,6 +352,5 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     sa.meta = tables;
     sa.qrows = tables + z.task_qrows;
     sa.qpos = tables + z.task_qpos;
-    scatter_tables_kernel<<<task_grid, kThreads, 0, s>>>(sa, sc);
-    return cudaGetLastError();
+    return msa::launch(scatter_tables_kernel, task_grid, kThreads, s, sa, sc);
 }
