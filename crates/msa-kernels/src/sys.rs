@@ -201,6 +201,152 @@ impl Default for MsaVarlen {
         }
     }
 }
+#[doc = " Parameters of msa_attn_forward (device pointers)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct MsaAttnFwdParams {
+    #[doc = " [T, 64, 128]"]
+    pub q: *const u16,
+    #[doc = " [Tk, 4, 128]"]
+    pub k: *const u16,
+    #[doc = " [Tk, 4, 128]"]
+    pub v: *const u16,
+    #[doc = " [4, T, 16], validated"]
+    pub topk: *const i32,
+    pub varlen: MsaVarlen,
+    #[doc = " [T, 64, 128], written in full"]
+    pub out: *mut u16,
+    #[doc = " [T, 64], written in full"]
+    pub lse: *mut f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of MsaAttnFwdParams"][::std::mem::size_of::<MsaAttnFwdParams>() - 120usize];
+    ["Alignment of MsaAttnFwdParams"][::std::mem::align_of::<MsaAttnFwdParams>() - 8usize];
+    ["Offset of field: MsaAttnFwdParams::q"][::std::mem::offset_of!(MsaAttnFwdParams, q) - 0usize];
+    ["Offset of field: MsaAttnFwdParams::k"][::std::mem::offset_of!(MsaAttnFwdParams, k) - 8usize];
+    ["Offset of field: MsaAttnFwdParams::v"][::std::mem::offset_of!(MsaAttnFwdParams, v) - 16usize];
+    ["Offset of field: MsaAttnFwdParams::topk"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, topk) - 24usize];
+    ["Offset of field: MsaAttnFwdParams::varlen"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, varlen) - 32usize];
+    ["Offset of field: MsaAttnFwdParams::out"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, out) - 104usize];
+    ["Offset of field: MsaAttnFwdParams::lse"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, lse) - 112usize];
+};
+impl Default for MsaAttnFwdParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Parameters of the backward launchers (device pointers), one struct for the three kernels\n (FA3's Flash_bwd_params): each launcher reads the inputs and the fields of its own section;\n the others may stay null."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct MsaAttnBwdParams {
+    #[doc = " [T, 64, 128]"]
+    pub q: *const u16,
+    #[doc = " [Tk, 4, 128]"]
+    pub k: *const u16,
+    #[doc = " [Tk, 4, 128]"]
+    pub v: *const u16,
+    #[doc = " [T, 64, 128]"]
+    pub dout: *const u16,
+    #[doc = " [T, 64], the forward's natural-log LSE"]
+    pub lse: *const f32,
+    #[doc = " [T, 64], rowsum(dout * out)"]
+    pub delta: *const f32,
+    pub varlen: MsaVarlen,
+    #[doc = " [cap, 4] = (0, group, physical kblock, valid slots)"]
+    pub task_meta: *const i32,
+    #[doc = " [cap, 8]: packed query or -1"]
+    pub task_qrows: *const i32,
+    #[doc = " [cap, 8]: query position in workspace coordinates"]
+    pub task_qpos: *const i32,
+    #[doc = " [8]: the CTA-walk descriptor (MSA_DESC_*)"]
+    pub desc: *const i32,
+    #[doc = " CTAs to launch (host-side bound); 0 launches nothing"]
+    pub grid_launch: i32,
+    #[doc = " [T, 64, 128]"]
+    pub dq_accum: *mut f32,
+    #[doc = " [W, 4, 128]"]
+    pub dk_pool: *mut f32,
+    #[doc = " [W, 4, 128]"]
+    pub dv_pool: *mut f32,
+    #[doc = " [4, T, 16]"]
+    pub topk: *const i32,
+    #[doc = " [T, 64, 128]"]
+    pub dq: *mut u16,
+    #[doc = " [4, P + 1]"]
+    pub phys_row_ptr: *const i32,
+    #[doc = " [4, T * 16]: packed queries, ascending per block"]
+    pub phys_q_indices: *const i32,
+    #[doc = " [4, T * 16]: visible_keys | writer_rank << 8"]
+    pub phys_valid: *const i32,
+    #[doc = " [Tk, 4, 128]"]
+    pub dk: *mut u16,
+    #[doc = " [Tk, 4, 128]"]
+    pub dv: *mut u16,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of MsaAttnBwdParams"][::std::mem::size_of::<MsaAttnBwdParams>() - 240usize];
+    ["Alignment of MsaAttnBwdParams"][::std::mem::align_of::<MsaAttnBwdParams>() - 8usize];
+    ["Offset of field: MsaAttnBwdParams::q"][::std::mem::offset_of!(MsaAttnBwdParams, q) - 0usize];
+    ["Offset of field: MsaAttnBwdParams::k"][::std::mem::offset_of!(MsaAttnBwdParams, k) - 8usize];
+    ["Offset of field: MsaAttnBwdParams::v"][::std::mem::offset_of!(MsaAttnBwdParams, v) - 16usize];
+    ["Offset of field: MsaAttnBwdParams::dout"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dout) - 24usize];
+    ["Offset of field: MsaAttnBwdParams::lse"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, lse) - 32usize];
+    ["Offset of field: MsaAttnBwdParams::delta"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, delta) - 40usize];
+    ["Offset of field: MsaAttnBwdParams::varlen"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, varlen) - 48usize];
+    ["Offset of field: MsaAttnBwdParams::task_meta"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, task_meta) - 120usize];
+    ["Offset of field: MsaAttnBwdParams::task_qrows"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, task_qrows) - 128usize];
+    ["Offset of field: MsaAttnBwdParams::task_qpos"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, task_qpos) - 136usize];
+    ["Offset of field: MsaAttnBwdParams::desc"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, desc) - 144usize];
+    ["Offset of field: MsaAttnBwdParams::grid_launch"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, grid_launch) - 152usize];
+    ["Offset of field: MsaAttnBwdParams::dq_accum"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dq_accum) - 160usize];
+    ["Offset of field: MsaAttnBwdParams::dk_pool"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dk_pool) - 168usize];
+    ["Offset of field: MsaAttnBwdParams::dv_pool"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dv_pool) - 176usize];
+    ["Offset of field: MsaAttnBwdParams::topk"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, topk) - 184usize];
+    ["Offset of field: MsaAttnBwdParams::dq"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dq) - 192usize];
+    ["Offset of field: MsaAttnBwdParams::phys_row_ptr"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, phys_row_ptr) - 200usize];
+    ["Offset of field: MsaAttnBwdParams::phys_q_indices"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, phys_q_indices) - 208usize];
+    ["Offset of field: MsaAttnBwdParams::phys_valid"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, phys_valid) - 216usize];
+    ["Offset of field: MsaAttnBwdParams::dk"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dk) - 224usize];
+    ["Offset of field: MsaAttnBwdParams::dv"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dv) - 232usize];
+};
+impl Default for MsaAttnBwdParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = " Output tensors of msa_prepare_metadata (int32, row-major). T = varlen.total_q,\n R = varlen.total_rows, P = varlen.padded_kv_blocks, B = varlen.batch, cap = work_capacity.\n Every element is written by the launcher (no pre-fill needed)."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -353,6 +499,110 @@ const _: () = {
     ["Offset of field: MsaTaskBuildShape::num_sms"]
         [::std::mem::offset_of!(MsaTaskBuildShape, num_sms) - 24usize];
 };
+#[doc = " Parameters of msa_indexer_forward (device pointers; shapes above)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct MsaIndexerParams {
+    #[doc = " [T, 4, 128]"]
+    pub qi: *const u16,
+    #[doc = " [Tk, 1, 128]"]
+    pub ki: *const u16,
+    pub varlen: MsaVarlen,
+    #[doc = " [4, T, 16], written in full"]
+    pub topk: *mut i32,
+    #[doc = " [4, T], written in full"]
+    pub lse: *mut f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of MsaIndexerParams"][::std::mem::size_of::<MsaIndexerParams>() - 104usize];
+    ["Alignment of MsaIndexerParams"][::std::mem::align_of::<MsaIndexerParams>() - 8usize];
+    ["Offset of field: MsaIndexerParams::qi"]
+        [::std::mem::offset_of!(MsaIndexerParams, qi) - 0usize];
+    ["Offset of field: MsaIndexerParams::ki"]
+        [::std::mem::offset_of!(MsaIndexerParams, ki) - 8usize];
+    ["Offset of field: MsaIndexerParams::varlen"]
+        [::std::mem::offset_of!(MsaIndexerParams, varlen) - 16usize];
+    ["Offset of field: MsaIndexerParams::topk"]
+        [::std::mem::offset_of!(MsaIndexerParams, topk) - 88usize];
+    ["Offset of field: MsaIndexerParams::lse"]
+        [::std::mem::offset_of!(MsaIndexerParams, lse) - 96usize];
+};
+impl Default for MsaIndexerParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Parameters of msa_kl_backward (device pointers; shapes above)."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct MsaKlParams {
+    #[doc = " [T, 64, 128], the attention's q"]
+    pub q: *const u16,
+    #[doc = " [Tk, 4, 128], the attention's k"]
+    pub k: *const u16,
+    #[doc = " [T, 64], the attention forward's LSE"]
+    pub teacher_lse: *const f32,
+    #[doc = " [T, 4, 128]"]
+    pub qi: *const u16,
+    #[doc = " [Tk, 1, 128]"]
+    pub ki: *const u16,
+    #[doc = " [4, T]"]
+    pub indexer_lse: *const f32,
+    #[doc = " [4, T, 16], validated"]
+    pub topk: *const i32,
+    #[doc = " [4, P + 1]: prepare's physical CSR of topk"]
+    pub phys_row_ptr: *const i32,
+    #[doc = " [4, T * 16]"]
+    pub phys_q_indices: *const i32,
+    #[doc = " [4, T * 16]"]
+    pub phys_valid: *const i32,
+    pub varlen: MsaVarlen,
+    #[doc = " grad_scale = iscale * loss_coeff / (4 * max(T, 1))"]
+    pub loss_coeff: f32,
+    #[doc = " [T, 4, 128], written in full"]
+    pub dqi: *mut u16,
+    #[doc = " [Tk, 1, 128], written in full"]
+    pub dki: *mut u16,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of MsaKlParams"][::std::mem::size_of::<MsaKlParams>() - 176usize];
+    ["Alignment of MsaKlParams"][::std::mem::align_of::<MsaKlParams>() - 8usize];
+    ["Offset of field: MsaKlParams::q"][::std::mem::offset_of!(MsaKlParams, q) - 0usize];
+    ["Offset of field: MsaKlParams::k"][::std::mem::offset_of!(MsaKlParams, k) - 8usize];
+    ["Offset of field: MsaKlParams::teacher_lse"]
+        [::std::mem::offset_of!(MsaKlParams, teacher_lse) - 16usize];
+    ["Offset of field: MsaKlParams::qi"][::std::mem::offset_of!(MsaKlParams, qi) - 24usize];
+    ["Offset of field: MsaKlParams::ki"][::std::mem::offset_of!(MsaKlParams, ki) - 32usize];
+    ["Offset of field: MsaKlParams::indexer_lse"]
+        [::std::mem::offset_of!(MsaKlParams, indexer_lse) - 40usize];
+    ["Offset of field: MsaKlParams::topk"][::std::mem::offset_of!(MsaKlParams, topk) - 48usize];
+    ["Offset of field: MsaKlParams::phys_row_ptr"]
+        [::std::mem::offset_of!(MsaKlParams, phys_row_ptr) - 56usize];
+    ["Offset of field: MsaKlParams::phys_q_indices"]
+        [::std::mem::offset_of!(MsaKlParams, phys_q_indices) - 64usize];
+    ["Offset of field: MsaKlParams::phys_valid"]
+        [::std::mem::offset_of!(MsaKlParams, phys_valid) - 72usize];
+    ["Offset of field: MsaKlParams::varlen"][::std::mem::offset_of!(MsaKlParams, varlen) - 80usize];
+    ["Offset of field: MsaKlParams::loss_coeff"]
+        [::std::mem::offset_of!(MsaKlParams, loss_coeff) - 152usize];
+    ["Offset of field: MsaKlParams::dqi"][::std::mem::offset_of!(MsaKlParams, dqi) - 160usize];
+    ["Offset of field: MsaKlParams::dki"][::std::mem::offset_of!(MsaKlParams, dki) - 168usize];
+};
+impl Default for MsaKlParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 unsafe extern "C" {
     #[doc = " The targets compiled in, comma-separated, e.g. \"sm_90a,sm_80,compute_80\". Static storage."]
     pub fn msa_kernels_archs() -> *const ::std::os::raw::c_char;
@@ -367,61 +617,22 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
     #[doc = " out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.\n Empty selection: out = 0, lse = -inf. Deterministic.\n Grid (ceil(T / 8), 4), 256 threads, ~131 KB dynamic smem."]
     pub fn msa_attn_forward(
-        q: *const u16,
-        k: *const u16,
-        v: *const u16,
-        topk: *const i32,
-        varlen: MsaVarlen,
-        out: *mut u16,
-        lse: *mut f32,
+        params: *const MsaAttnFwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates\n   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),\n   dk_pool, dv_pool [W, 4, 128] fp32 += dS^T q, P^T dout  at workspace row kblock * 128 + r,\n with unordered fp32 atomics, so all three must be zeroed (or hold partial sums) beforehand.\n delta = rowsum(dout * out) [T, 64] fp32. Task tables: task_meta [cap, 4] = (0, group, physical\n kblock, valid slots), task_qrows [cap, 8] (packed query or -1), task_qpos [cap, 8] (query\n position in workspace coordinates), desc [8] = (num_task_rows, rows_per_cta, num_full_ctas,\n tail_rows, grid_ctas, num_work, num_tasks, flags). W = varlen.padded_kv_blocks * 128.\n Grid (grid_launch) (nothing is launched for 0), 256 threads, ~130 KB dynamic smem; CTAs past\n desc.grid_ctas exit at once."]
+    #[doc = " Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates\n   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),\n   dk_pool, dv_pool [W, 4, 128] fp32 += dS^T q, P^T dout  at workspace row kblock * 128 + r,\n with unordered fp32 atomics, so all three must be zeroed (or hold partial sums) beforehand.\n desc = (num_task_rows, rows_per_cta, num_full_ctas, tail_rows, grid_ctas, num_work,\n num_tasks, flags). W = varlen.padded_kv_blocks * 128.\n Grid (grid_launch) (nothing is launched for 0), 256 threads, ~130 KB dynamic smem; CTAs past\n desc.grid_ctas exit at once."]
     pub fn msa_attn_backward_main(
-        q: *const u16,
-        k: *const u16,
-        v: *const u16,
-        dout: *const u16,
-        lse: *const f32,
-        delta: *const f32,
-        task_meta: *const i32,
-        task_qrows: *const i32,
-        task_qpos: *const i32,
-        desc: *const i32,
-        grid_launch: i32,
-        varlen: MsaVarlen,
-        dq_accum: *mut f32,
-        dk_pool: *mut f32,
-        dv_pool: *mut f32,
+        params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " Deterministic dQ, query-outer (the forward's structure): dq [T, 64, 128] bf16 written directly,\n bitwise repeatable. Grid (ceil(T / 8), 4), 256 threads, ~131 KB dynamic smem."]
     pub fn msa_attn_backward_dq(
-        q: *const u16,
-        k: *const u16,
-        v: *const u16,
-        dout: *const u16,
-        lse: *const f32,
-        delta: *const f32,
-        topk: *const i32,
-        varlen: MsaVarlen,
-        dq: *mut u16,
+        params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Deterministic dK/dV, physical-block-outer: one CTA per (physical block, group) walks the\n physical CSR (phys_row_ptr [4, P + 1], phys_q_indices [4, T * 16] packed queries ascending,\n phys_valid [4, T * 16] = visible_keys | writer_rank << 8; P = varlen.padded_kv_blocks) and\n writes dk, dv [Tk, 4, 128] bf16 at the block's packed key rows; blocks nobody selected get\n zeros, padding blocks write nothing. Bitwise repeatable.\n Grid (P, 4), 256 threads, ~130 KB dynamic smem."]
+    #[doc = " Deterministic dK/dV, physical-block-outer: one CTA per (physical block, group) walks the\n physical CSR (P = varlen.padded_kv_blocks) and writes dk, dv [Tk, 4, 128] bf16 at the block's\n packed key rows; blocks nobody selected get zeros, padding blocks write nothing. Bitwise\n repeatable. Grid (P, 4), 256 threads, ~130 KB dynamic smem."]
     pub fn msa_attn_backward_dkv(
-        q: *const u16,
-        k: *const u16,
-        v: *const u16,
-        dout: *const u16,
-        lse: *const f32,
-        delta: *const f32,
-        phys_row_ptr: *const i32,
-        phys_q_indices: *const i32,
-        phys_valid: *const i32,
-        varlen: MsaVarlen,
-        dk: *mut u16,
-        dv: *mut u16,
+        params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of\n varlen are read): CUB temporary storage plus the sort and count arrays. Host-only, but CUB\n asks the runtime for the current device's properties, so a context must be current.\n Writes *bytes; returns a cudaError_t code."]
@@ -479,35 +690,18 @@ unsafe extern "C" {
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " topk and lse of every (head, query), written in full. Enqueues three kernels:\n   tiles  grid 1, 1024 threads: the query tiles (64 consecutive queries of one fragment);\n   scores grid ((T + 63 * batch) / 64, ceil(max_blocks / 32)), 256 threads, 64 KB dynamic smem:\n          per (tile, chunk of 32 key blocks) the block max and sum exp(s - max) of every\n          (head, query, block) by mma.sync, into the workspace;\n   select grid ceil(4 T / 8), 256 threads: one warp per (head, query), selection and LSE.\n workspace: workspace_bytes >= msa_indexer_workspace_bytes of device memory, 256-byte aligned;\n its contents are scratch. Returns cudaErrorInvalidValue if it is too small."]
+    #[doc = " topk and lse of every (head, query), written in full. Enqueues three kernels:\n   tiles  grid 1, 1024 threads: the query tiles (64 consecutive queries of one fragment);\n   scores grid ((T + 63 * batch) / 64, ceil(max_blocks / 32)), 256 threads, 64 KB dynamic smem:\n          per (tile, chunk of 32 key blocks) the block max and sum exp(s - max) of every\n          (head, query, block) by mma.sync, into the workspace;\n   select grid ceil(4 T / 8), 256 threads: one warp per (head, query), selection and LSE.\n workspace: workspace_bytes >= msa_indexer_workspace_bytes of device memory, 256-byte aligned;\n its contents are scratch. Returns cudaErrorInvalidValue if it is too small or params is\n NULL."]
     pub fn msa_indexer_forward(
-        qi: *const u16,
-        ki: *const u16,
-        varlen: MsaVarlen,
-        topk: *mut i32,
-        lse: *mut f32,
+        params: *const MsaIndexerParams,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " Workspace bytes msa_kl_backward needs (host arithmetic on the size fields of varlen; no CUDA\n call), with cap = P + ceil(64 T / 512) work items: per-(group, query, selection slot) dQI\n partials [4, T, 16, 128] f32, per-item dKI partials [cap, 128, 128] f32, the item table\n [cap, 4] i32 and per-block item ranges [P, 2] i32, each part 256-byte aligned. Writes *bytes;\n returns a cudaError_t code (cudaErrorInvalidValue for negative sizes)."]
     pub fn msa_kl_workspace_bytes(varlen: MsaVarlen, bytes: *mut usize) -> ::std::os::raw::c_int;
-    #[doc = " dqi and dki, every element written (keys in no token set and queries without a selection get\n exact zeros). KV-outer: the teacher is computed once per (query, group, selected block), so\n the work is balanced however the selection is spread. Enqueues four kernels:\n   items  grid 1, 1024 threads: work items of at most 512 (query, group) pairs of one\n          physical block (its 4 groups' CSR rows concatenated), per-block item ranges;\n   main   grid (cap), 256 threads, ~145 KB dynamic smem: per item, tiles of 8 pairs: teacher\n          (16 heads x 128 keys by mma), student scores and dz, the pairs' dQI partials (written\n          to the slot of the block's writer rank) and the item's dKI (written in bf16 when the\n          block has one item, else as an f32 partial);\n   dqi    grid ceil(4 T / 8), 256 threads: dqi = grad_scale * sum of the query's slot partials\n          in slot order (the number of slots: topk entries 0 <= e < num_blocks);\n   dki    grid (P), 256 threads: blocks with several items sum their partials in item order,\n          blocks nobody selected write zeros.\n workspace: workspace_bytes >= msa_kl_workspace_bytes of device memory, 256-byte aligned; its\n contents are scratch. Returns cudaErrorInvalidValue if it is too small."]
+    #[doc = " dqi and dki, every element written (keys in no token set and queries without a selection get\n exact zeros). KV-outer: the teacher is computed once per (query, group, selected block), so\n the work is balanced however the selection is spread. Enqueues four kernels:\n   items  grid 1, 1024 threads: work items of at most 512 (query, group) pairs of one\n          physical block (its 4 groups' CSR rows concatenated), per-block item ranges;\n   main   grid (cap), 256 threads, ~145 KB dynamic smem: per item, tiles of 8 pairs: teacher\n          (16 heads x 128 keys by mma), student scores and dz, the pairs' dQI partials (written\n          to the slot of the block's writer rank) and the item's dKI (written in bf16 when the\n          block has one item, else as an f32 partial);\n   dqi    grid ceil(4 T / 8), 256 threads: dqi = grad_scale * sum of the query's slot partials\n          in slot order (the number of slots: topk entries 0 <= e < num_blocks);\n   dki    grid (P), 256 threads: blocks with several items sum their partials in item order,\n          blocks nobody selected write zeros.\n workspace: workspace_bytes >= msa_kl_workspace_bytes of device memory, 256-byte aligned; its\n contents are scratch. Returns cudaErrorInvalidValue if it is too small or params is NULL."]
     pub fn msa_kl_backward(
-        q: *const u16,
-        k: *const u16,
-        teacher_lse: *const f32,
-        qi: *const u16,
-        ki: *const u16,
-        indexer_lse: *const f32,
-        topk: *const i32,
-        phys_row_ptr: *const i32,
-        phys_q_indices: *const i32,
-        phys_valid: *const i32,
-        varlen: MsaVarlen,
-        loss_coeff: f32,
-        dqi: *mut u16,
-        dki: *mut u16,
+        params: *const MsaKlParams,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,

@@ -27,6 +27,15 @@ extern "C" {
  * code (cudaErrorInvalidValue for negative sizes). */
 int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 
+/* Parameters of msa_indexer_forward (device pointers; shapes above). */
+typedef struct MsaIndexerParams {
+    const uint16_t* qi; /* [T, 4, 128] */
+    const uint16_t* ki; /* [Tk, 1, 128] */
+    MsaVarlen varlen;
+    int32_t* topk;      /* [4, T, 16], written in full */
+    float* lse;         /* [4, T], written in full */
+} MsaIndexerParams;
+
 /* topk and lse of every (head, query), written in full. Enqueues three kernels:
  *   tiles  grid 1, 1024 threads: the query tiles (64 consecutive queries of one fragment);
  *   scores grid ((T + 63 * batch) / 64, ceil(max_blocks / 32)), 256 threads, 64 KB dynamic smem:
@@ -34,9 +43,10 @@ int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  *          (head, query, block) by mma.sync, into the workspace;
  *   select grid ceil(4 T / 8), 256 threads: one warp per (head, query), selection and LSE.
  * workspace: workspace_bytes >= msa_indexer_workspace_bytes of device memory, 256-byte aligned;
- * its contents are scratch. Returns cudaErrorInvalidValue if it is too small. */
-int msa_indexer_forward(const uint16_t* qi, const uint16_t* ki, MsaVarlen varlen, int32_t* topk,
-                        float* lse, void* workspace, size_t workspace_bytes, void* stream);
+ * its contents are scratch. Returns cudaErrorInvalidValue if it is too small or params is
+ * NULL. */
+int msa_indexer_forward(const MsaIndexerParams* params, void* workspace, size_t workspace_bytes,
+                        void* stream);
 
 #ifdef __cplusplus
 }

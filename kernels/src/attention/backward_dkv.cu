@@ -87,13 +87,12 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_backward_dkv(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, const int32_t* phys_row_ptr,
-                                     const int32_t* phys_q_indices, const int32_t* phys_valid, MsaVarlen varlen,
-                                     uint16_t* dk, uint16_t* dv, void* stream) {
-    if (varlen.padded_kv_blocks <= 0 || varlen.total_k <= 0) return cudaSuccess;
-    const dim3 grid(varlen.padded_kv_blocks, msa::kGroups);
+extern "C" int msa_attn_backward_dkv(const MsaAttnBwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const MsaAttnBwdParams& p = *params;
+    if (p.varlen.padded_kv_blocks <= 0 || p.varlen.total_k <= 0) return cudaSuccess;
+    const dim3 grid(p.varlen.padded_kv_blocks, msa::kGroups);
     return msa::launch_smem(msa::attn_backward_dkv_kernel, grid, msa::kKvOuterThreads, sizeof(msa::KvOuterSmem),
-                            static_cast<cudaStream_t>(stream), q, k, v, dout, lse, delta, phys_row_ptr,
-                            phys_q_indices, phys_valid, varlen, dk, dv);
+                            static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.dout, p.lse, p.delta,
+                            p.phys_row_ptr, p.phys_q_indices, p.phys_valid, p.varlen, p.dk, p.dv);
 }

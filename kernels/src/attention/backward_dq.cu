@@ -133,11 +133,12 @@ __global__ void __launch_bounds__(kQOuterThreads, 1)
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_backward_dq(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                    const float* lse, const float* delta, const int32_t* topk, MsaVarlen varlen,
-                                    uint16_t* dq, void* stream) {
-    if (varlen.total_q <= 0) return cudaSuccess;
-    const dim3 grid((varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
+extern "C" int msa_attn_backward_dq(const MsaAttnBwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const MsaAttnBwdParams& p = *params;
+    if (p.varlen.total_q <= 0) return cudaSuccess;
+    const dim3 grid((p.varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
     return msa::launch_smem(msa::attn_backward_dq_kernel, grid, msa::kQOuterThreads, sizeof(msa::QOuterSmem),
-                            static_cast<cudaStream_t>(stream), q, k, v, dout, lse, delta, topk, varlen, dq);
+                            static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.dout, p.lse, p.delta, p.topk,
+                            p.varlen, p.dq);
 }

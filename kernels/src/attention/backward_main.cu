@@ -129,13 +129,12 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_backward_main(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                      const float* lse, const float* delta, const int32_t* task_meta,
-                                      const int32_t* task_qrows, const int32_t* task_qpos, const int32_t* desc,
-                                      int32_t grid_launch, MsaVarlen varlen, float* dq_accum, float* dk_pool,
-                                      float* dv_pool, void* stream) {
-    if (grid_launch <= 0) return cudaSuccess;
-    return msa::launch_smem(msa::attn_backward_main_kernel, grid_launch, msa::kKvOuterThreads,
-                            sizeof(msa::KvOuterSmem), static_cast<cudaStream_t>(stream), q, k, v, dout, lse,
-                            delta, task_meta, task_qrows, task_qpos, desc, varlen, dq_accum, dk_pool, dv_pool);
+extern "C" int msa_attn_backward_main(const MsaAttnBwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const MsaAttnBwdParams& p = *params;
+    if (p.grid_launch <= 0) return cudaSuccess;
+    return msa::launch_smem(msa::attn_backward_main_kernel, p.grid_launch, msa::kKvOuterThreads,
+                            sizeof(msa::KvOuterSmem), static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.dout,
+                            p.lse, p.delta, p.task_meta, p.task_qrows, p.task_qpos, p.desc, p.varlen, p.dq_accum,
+                            p.dk_pool, p.dv_pool);
 }

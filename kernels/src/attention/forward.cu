@@ -95,10 +95,11 @@ __global__ void __launch_bounds__(kQOuterThreads, 1)
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32_t* topk,
-                                MsaVarlen varlen, uint16_t* out, float* lse, void* stream) {
-    if (varlen.total_q <= 0) return cudaSuccess;
-    const dim3 grid((varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
+extern "C" int msa_attn_forward(const MsaAttnFwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const MsaAttnFwdParams& p = *params;
+    if (p.varlen.total_q <= 0) return cudaSuccess;
+    const dim3 grid((p.varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
     return msa::launch_smem(msa::attn_forward_kernel, grid, msa::kQOuterThreads, sizeof(msa::QOuterSmem),
-                            static_cast<cudaStream_t>(stream), q, k, v, topk, varlen, out, lse);
+                            static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.topk, p.varlen, p.out, p.lse);
 }

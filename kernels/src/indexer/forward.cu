@@ -314,8 +314,14 @@ extern "C" int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
     return cudaSuccess;
 }
 
-extern "C" int msa_indexer_forward(const uint16_t* qi, const uint16_t* ki, MsaVarlen varlen, int32_t* topk,
-                                   float* lse, void* workspace, size_t workspace_bytes, void* stream) {
+extern "C" int msa_indexer_forward(const MsaIndexerParams* params, void* workspace, size_t workspace_bytes,
+                                   void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const uint16_t* qi = params->qi;
+    const uint16_t* ki = params->ki;
+    const MsaVarlen& varlen = params->varlen;
+    int32_t* topk = params->topk;
+    float* lse = params->lse;
     msa::IndexerWorkspace w;
     if (!msa::indexer_workspace(varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
     if (varlen.total_q == 0) return cudaSuccess;

@@ -74,7 +74,8 @@ struct KlSmem {
 // sm_80's opt-in limit (163 KB), so one CTA per SM on either architecture.
 static_assert(sizeof(KlSmem) <= 163 * 1024, "KL smem exceeds the sm_80 limit");
 
-struct KlParams {
+// What kl_main_kernel reads: the tensors of MsaKlParams plus the workspace parts and the scale.
+struct KlKernelParams {
     const uint16_t* q;
     const uint16_t* k;
     const float* teacher_lse;
@@ -147,7 +148,7 @@ __device__ __forceinline__ void load_block_rows(uint32_t tile, const uint16_t* b
 
 // cp.async of one tile's q and qi rows into buffer buf (pairs past `count` zero-filled) and plain
 // stores of its per-pair scalars; caller commits. q_idx and valid point at group g's edges.
-__device__ __forceinline__ void load_pairs(KlSmem& s, int buf, const KlParams& a, const MsaVarlen& v, int g,
+__device__ __forceinline__ void load_pairs(KlSmem& s, int buf, const KlKernelParams& a, const MsaVarlen& v, int g,
                                            const int32_t* __restrict__ q_idx, const int32_t* __restrict__ valid,
                                            int edge0, int count, int block_count) {
     const int tid = threadIdx.x;
@@ -345,7 +346,7 @@ __device__ __forceinline__ void dki_phase(const KlSmem& s, int buf, int max_visi
     }
 }
 
-__global__ void __launch_bounds__(kKlThreads, 1) kl_main_kernel(const KlParams a, const MsaVarlen v) {
+__global__ void __launch_bounds__(kKlThreads, 1) kl_main_kernel(const KlKernelParams a, const MsaVarlen v) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     KlSmem& s = *reinterpret_cast<KlSmem*>(smem_raw);
     const int32_t* item = a.items + static_cast<int64_t>(blockIdx.x) * kItemWords;
@@ -539,11 +540,10 @@ extern "C" int msa_kl_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
     return cudaSuccess;
 }
 
-extern "C" int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float* teacher_lse, const uint16_t* qi,
-                               const uint16_t* ki, const float* indexer_lse, const int32_t* topk,
-                               const int32_t* phys_row_ptr, const int32_t* phys_q_indices, const int32_t* phys_valid,
-                               MsaVarlen varlen, float loss_coeff, uint16_t* dqi, uint16_t* dki, void* workspace,
-                               size_t workspace_bytes, void* stream) {
+extern "C" int msa_kl_backward(const MsaKlParams* params, void* workspace, size_t workspace_bytes, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const MsaKlParams& p = *params;
+    const MsaVarlen& varlen = p.varlen;
     msa::KlWorkspace w;
     if (!msa::kl_workspace(varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
     if (w.capacity > 0x7fffffff) return cudaErrorInvalidValue;
@@ -553,27 +553,27 @@ extern "C" int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float
     const int capacity = static_cast<int>(w.capacity);
     // grad_scale = iscale * loss_coeff / (4 T) in double, rounded once (as the reference).
     const double t = varlen.total_q > 0 ? varlen.total_q : 1;
-    const float grad_scale = static_cast<float>(msa::kScaleF64 * static_cast<double>(loss_coeff) /
+    const float grad_scale = static_cast<float>(msa::kScaleF64 * static_cast<double>(p.loss_coeff) /
                                                 (static_cast<double>(msa::kIndexHeads) * t));
 
-    msa::KlParams a;
-    a.q = q;
-    a.k = k;
-    a.teacher_lse = teacher_lse;
-    a.qi = qi;
-    a.ki = ki;
-    a.indexer_lse = indexer_lse;
-    a.row_ptr = phys_row_ptr;
-    a.q_idx = phys_q_indices;
-    a.valid = phys_valid;
+    msa::KlKernelParams a;
+    a.q = p.q;
+    a.k = p.k;
+    a.teacher_lse = p.teacher_lse;
+    a.qi = p.qi;
+    a.ki = p.ki;
+    a.indexer_lse = p.indexer_lse;
+    a.row_ptr = p.phys_row_ptr;
+    a.q_idx = p.phys_q_indices;
+    a.valid = p.phys_valid;
     a.items = reinterpret_cast<const int32_t*>(ws + w.items);
     a.block_items = reinterpret_cast<const int32_t*>(ws + w.block_items);
     a.dqi_part = reinterpret_cast<float*>(ws + w.dqi_part);
     a.dki_part = reinterpret_cast<float*>(ws + w.dki_part);
-    a.dki = dki;
+    a.dki = p.dki;
     a.grad_scale = grad_scale;
 
-    MSA_TRY(msa::launch(msa::kl_items_kernel, 1, msa::kTableThreads, s, phys_row_ptr, varlen,
+    MSA_TRY(msa::launch(msa::kl_items_kernel, 1, msa::kTableThreads, s, p.phys_row_ptr, varlen,
                         reinterpret_cast<int32_t*>(ws + w.items), reinterpret_cast<int32_t*>(ws + w.block_items),
                         capacity));
 
@@ -584,13 +584,13 @@ extern "C" int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float
     if (varlen.total_q > 0) {
         const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
         const int64_t ctas = (rows + msa::kReduceThreads / 32 - 1) / (msa::kReduceThreads / 32);
-        MSA_TRY(msa::launch(msa::kl_dqi_kernel, static_cast<unsigned>(ctas), msa::kReduceThreads, s, a.dqi_part, topk,
-                            varlen, grad_scale, dqi));
+        MSA_TRY(msa::launch(msa::kl_dqi_kernel, static_cast<unsigned>(ctas), msa::kReduceThreads, s, a.dqi_part,
+                            p.topk, varlen, grad_scale, p.dqi));
     }
 
     if (varlen.padded_kv_blocks > 0) {
         MSA_TRY(msa::launch(msa::kl_dki_kernel, varlen.padded_kv_blocks, msa::kReduceThreads, s, a.dki_part,
-                            a.block_items, varlen, grad_scale, dki));
+                            a.block_items, varlen, grad_scale, p.dki));
     }
     return cudaSuccess;
 }
