@@ -9,9 +9,10 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
 #include "common/launch.cuh"
-#include "common/ptx.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
 #include "attention/tile_kv_outer.cuh"
 
 namespace msa {

@@ -8,11 +8,13 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
 #include "common/launch.cuh"
-#include "common/ptx.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
 #include "attention/block_union.cuh"
 #include "attention/mainloop_q_outer.cuh"
 

@@ -7,9 +7,10 @@
 #include <cstdint>
 
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
-#include "common/tile.cuh"
+#include "common/intrinsics.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/tile.cuh"
 #include "attention/block_union.cuh"
 
 namespace msa {

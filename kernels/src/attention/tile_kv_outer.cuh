@@ -22,10 +22,12 @@
 #include <cstdint>
 
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
 
 namespace msa {
 

@@ -18,13 +18,15 @@
 
 #include "msa/indexer.h"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
-#include "common/ptx.cuh"
 #include "common/scan.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
 
 namespace msa {
 namespace {
