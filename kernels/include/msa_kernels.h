@@ -9,7 +9,6 @@
 #include "msa/attention.h"
 #include "msa/prepare.h"
 #include "msa/task_build.h"
-#include "msa/pre_post.h"
 #include "msa/indexer.h"
 #include "msa/kl.h"
 

@@ -635,6 +635,30 @@ unsafe extern "C" {
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
+    #[doc = " delta[t, h] = sum_d out[t, h, d] * dout[t, h, d] in fp32 (the products of two bf16 values are\n exact in fp32; 8 sequential fma per thread, then a 16-lane butterfly), out, dout\n [T, 64, 128], delta [T, 64]. Deterministic.\n Grid ceil(T * 64 / 16), 256 threads: 16 threads per (t, h) row, 16-byte loads."]
+    pub fn msa_attn_backward_preprocess(
+        out: *const u16,
+        dout: *const u16,
+        total_q: i32,
+        delta: *mut f32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " dq = bf16(dq_accum), round to nearest even (__float2bfloat16_rn), element for element.\n Grid ceil(T * 64 * 128 / 8 / 256), 256 threads: 8 elements per thread."]
+    pub fn msa_attn_backward_postprocess_dq(
+        dq_accum: *const f32,
+        total_q: i32,
+        dq: *mut u16,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " dk, dv = bf16 (round to nearest even) of the workspace pools gathered to packed key rows: for\n physical block pb, packed row block_key_start[pb] + r takes pool row pb * 128 + r for every\n r < block_key_count[pb] (every packed key row exactly once; padding blocks are skipped).\n Grid (ceil(W * 64 / 256), 2): blockIdx.y 0 casts dK, 1 dV; 8 elements per thread."]
+    pub fn msa_attn_backward_postprocess_dkv(
+        dk_pool: *const f32,
+        dv_pool: *const f32,
+        varlen: MsaVarlen,
+        dk: *mut u16,
+        dv: *mut u16,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
     #[doc = " Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of\n varlen are read): CUB temporary storage plus the sort and count arrays. Host-only, but CUB\n asks the runtime for the current device's properties, so a context must be current.\n Writes *bytes; returns a cudaError_t code."]
     pub fn msa_prepare_workspace_bytes(
         varlen: MsaVarlen,
@@ -659,30 +683,6 @@ unsafe extern "C" {
         scratch_words: usize,
         tables: *mut i32,
         table_words: usize,
-        stream: *mut ::std::os::raw::c_void,
-    ) -> ::std::os::raw::c_int;
-    #[doc = " delta[t, h] = sum_d out[t, h, d] * dout[t, h, d] in fp32 (the products of two bf16 values are\n exact in fp32; 8 sequential fma per thread, then a 16-lane butterfly). Deterministic.\n Grid ceil(T * 64 / 16), 256 threads: 16 threads per (t, h) row, 16-byte loads."]
-    pub fn msa_pre_post_delta(
-        out: *const u16,
-        dout: *const u16,
-        total_q: i32,
-        delta: *mut f32,
-        stream: *mut ::std::os::raw::c_void,
-    ) -> ::std::os::raw::c_int;
-    #[doc = " dq = bf16(dq_accum), round to nearest even (__float2bfloat16_rn), element for element.\n Grid ceil(T * 64 * 128 / 8 / 256), 256 threads: 8 elements per thread."]
-    pub fn msa_pre_post_dq(
-        dq_accum: *const f32,
-        total_q: i32,
-        dq: *mut u16,
-        stream: *mut ::std::os::raw::c_void,
-    ) -> ::std::os::raw::c_int;
-    #[doc = " dk, dv = bf16 (round to nearest even) of the workspace pools gathered to packed key rows: for\n physical block pb, packed row block_key_start[pb] + r takes pool row pb * 128 + r for every\n r < block_key_count[pb] (every packed key row exactly once; padding blocks are skipped).\n Grid (ceil(W * 64 / 256), 2): blockIdx.y 0 casts dK, 1 dV; 8 elements per thread."]
-    pub fn msa_pre_post_dkv(
-        dk_pool: *const f32,
-        dv_pool: *const f32,
-        varlen: MsaVarlen,
-        dk: *mut u16,
-        dv: *mut u16,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " Workspace bytes msa_indexer_forward needs (host arithmetic on the size fields of varlen; no\n CUDA call): block maxima and block sums [4, T, max_blocks] f32 each, plus a tile table of\n (T + 63 * batch) / 64 i32, each part 256-byte aligned. Writes *bytes; returns a cudaError_t\n code (cudaErrorInvalidValue for negative sizes)."]

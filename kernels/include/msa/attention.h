@@ -1,15 +1,15 @@
-/* Sparse attention kernels (MSA v1 §2, §5): forward, atomic backward main kernel, and the two
- * kernels of the deterministic backward. Correct-first mma.sync (sm_80+) implementations; they run
- * on sm_80 and sm_90a alike.
+/* Sparse attention kernels (MSA v1 §2, §5): the forward, the atomic backward main kernel, the two
+ * kernels of the deterministic backward, and the backward's pre- and postprocess. Correct-first
+ * mma.sync (sm_80+) implementations; they run on sm_80 and sm_90a alike.
  *
  * Fixed shapes: 64 query heads, 4 KV groups (head h reads group h / 16), head_dim 128, key
- * blocks of 128, top-k 16, softmax_scale = 128^-0.5. Layouts (contiguous, row-major; bf16 as
- * uint16_t bits): q, out, dout, dq [T, 64, 128]; k, v, dk, dv [Tk, 4, 128]; topk [4, T, 16] i32
- * (document-local block ids, -1 padding, validated before launch); lse, delta [T, 64] fp32
- * (natural-log LSE). T = varlen.total_q, Tk = varlen.total_k. Every pointer must be 16-byte
- * aligned. Launchers take a parameter struct (a NULL params is cudaErrorInvalidValue), return a
- * cudaError_t code (0 = success), enqueue on `stream` (a cudaStream_t, NULL = legacy default)
- * and never synchronize. */
+ * blocks of 128, top-k 16, softmax_scale = 128^-0.5 (msa/abi.h). Layouts (contiguous, row-major;
+ * bf16 as uint16_t bits): q, out, dout, dq [T, 64, 128]; k, v, dk, dv [Tk, 4, 128]; topk
+ * [4, T, 16] i32 (document-local block ids, -1 padding, validated before launch); lse, delta
+ * [T, 64] fp32 (natural-log LSE). T = varlen.total_q, Tk = varlen.total_k. Every pointer must be
+ * 16-byte aligned. The forward and backward kernels take a parameter struct (a NULL params is
+ * cudaErrorInvalidValue). Each launcher returns a cudaError_t code (0 = success), enqueues on
+ * `stream` (a cudaStream_t, NULL = legacy default) and never synchronizes. */
 #ifndef MSA_ATTENTION_H
 #define MSA_ATTENTION_H
 
@@ -91,6 +91,29 @@ int msa_attn_backward_dq(const MsaAttnBwdParams* params, void* stream);
  * packed key rows; blocks nobody selected get zeros, padding blocks write nothing. Bitwise
  * repeatable. Grid (P, 4), 256 threads, ~130 KB dynamic smem. */
 int msa_attn_backward_dkv(const MsaAttnBwdParams* params, void* stream);
+
+/* ---- Backward pre- and postprocess (nemo-kernels §5.3, §5.5; docs/design.md "Backward" steps 1
+ * and 4). Streaming kernels: dq_accum [T, 64, 128] fp32, dk_pool, dv_pool [W, 4, 128] fp32;
+ * every tensor pointer 16-byte aligned (else cudaErrorInvalidValue); nothing is launched for
+ * empty tensors. */
+
+/* delta[t, h] = sum_d out[t, h, d] * dout[t, h, d] in fp32 (the products of two bf16 values are
+ * exact in fp32; 8 sequential fma per thread, then a 16-lane butterfly), out, dout
+ * [T, 64, 128], delta [T, 64]. Deterministic.
+ * Grid ceil(T * 64 / 16), 256 threads: 16 threads per (t, h) row, 16-byte loads. */
+int msa_attn_backward_preprocess(const uint16_t* out, const uint16_t* dout, int32_t total_q, float* delta,
+                                 void* stream);
+
+/* dq = bf16(dq_accum), round to nearest even (__float2bfloat16_rn), element for element.
+ * Grid ceil(T * 64 * 128 / 8 / 256), 256 threads: 8 elements per thread. */
+int msa_attn_backward_postprocess_dq(const float* dq_accum, int32_t total_q, uint16_t* dq, void* stream);
+
+/* dk, dv = bf16 (round to nearest even) of the workspace pools gathered to packed key rows: for
+ * physical block pb, packed row block_key_start[pb] + r takes pool row pb * 128 + r for every
+ * r < block_key_count[pb] (every packed key row exactly once; padding blocks are skipped).
+ * Grid (ceil(W * 64 / 256), 2): blockIdx.y 0 casts dK, 1 dV; 8 elements per thread. */
+int msa_attn_backward_postprocess_dkv(const float* dk_pool, const float* dv_pool, MsaVarlen varlen, uint16_t* dk,
+                                      uint16_t* dv, void* stream);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,7 @@
 #include "common/launch.cuh"
 #include "common/varlen.cuh"
 #include "common/sm80/cp_async.cuh"
-#include "attention/tile_kv_outer.cuh"
+#include "attention/mainloop_kv_outer_sm80.cuh"
 
 namespace msa {
 namespace {

@@ -3,7 +3,7 @@
 // (group, physical block) bucket) as 64-row half tiles: K/V resident per bucket, Q/dO of the next
 // half tile prefetched while the current one finishes, dQ reduced per half tile into
 // dq_accum, dK/dV accumulated in registers per bucket segment and reduced into the fp32
-// workspace pools at its end. The math is tile_kv_outer.cuh, shared with the deterministic
+// workspace pools at its end. The math is mainloop_kv_outer_sm80.cuh, shared with the deterministic
 // dK/dV kernel.
 #include <cstdint>
 
@@ -16,7 +16,7 @@
 #include "common/varlen.cuh"
 #include "common/sm80/cp_async.cuh"
 #include "attention/task_walk.cuh"
-#include "attention/tile_kv_outer.cuh"
+#include "attention/mainloop_kv_outer_sm80.cuh"
 
 namespace msa {
 namespace {

@@ -18,7 +18,7 @@
 #include "common/sm80/tile.cuh"
 #include "attention/block_union.cuh"
 #include "attention/epilogue_fwd.cuh"
-#include "attention/mainloop_q_outer.cuh"
+#include "attention/mainloop_q_outer_sm80.cuh"
 
 namespace msa {
 namespace {

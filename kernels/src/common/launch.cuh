@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -17,6 +18,9 @@
     } while (0)
 
 namespace msa {
+
+// Whether p is 16-byte aligned (the launchers' vector-access requirement).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // kernel<<<grid, block, 0, stream>>>(args...), then the launch error.
 template <class... Params, class... Args>

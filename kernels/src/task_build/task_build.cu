@@ -310,7 +310,7 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     Sizes z;
     if (!derive_sizes(shape, &z) || scratch == nullptr || tables == nullptr ||
         scratch_words != z.scratch_words || table_words != z.table_words ||
-        reinterpret_cast<uintptr_t>(tables) % 16 != 0) {
+        !msa::aligned16(tables)) {
         return cudaErrorInvalidValue;
     }
     const cudaStream_t s = static_cast<cudaStream_t>(stream);

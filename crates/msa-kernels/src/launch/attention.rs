@@ -1,15 +1,16 @@
 //! Attention family (`kernels/include/msa/attention.h`): the forward, the atomic backward main
-//! kernel, and the two kernels of the deterministic backward (dQ query-outer, dK/dV
-//! physical-block-outer).
+//! kernel, the two kernels of the deterministic backward (dQ query-outer, dK/dV
+//! physical-block-outer), and the backward's preprocess (delta) and postprocess (bf16 casts of
+//! the fp32 accumulators).
 //!
-//! Each launcher takes its C parameter struct ([`sys::MsaAttnFwdParams`],
+//! The forward and backward kernels take their C parameter struct ([`sys::MsaAttnFwdParams`],
 //! [`sys::MsaAttnBwdParams`]: one struct for the three backward kernels, each reading the inputs
 //! and its own section). Shapes follow the header (T = `varlen.total_q`, Tk = `varlen.total_k`,
 //! P = `varlen.padded_kv_blocks`, W = 128·P). Every pointer must be 16-byte aligned (whole cudarc
 //! allocations are 256-byte aligned). The caller checks lengths and validates top-k before
 //! launching: the kernels trust both.
 
-use super::Stream;
+use super::{DevicePtr, Stream};
 use crate::{sys, KernelError};
 
 /// `out` (bf16 `[T, 64, 128]`) and `lse` (f32 `[T, 64]`) of the sparse attention of q, k, v
@@ -72,5 +73,80 @@ pub unsafe fn backward_dkv(
     // SAFETY: the caller upholds this function's contract; `params` outlives the call.
     KernelError::check("msa_attn_backward_dkv", unsafe {
         sys::msa_attn_backward_dkv(params, stream)
+    })
+}
+
+/// Backward preprocess: `delta[t, h] = Σ_d out·dout` (fp32) for `total_q` tokens.
+///
+/// # Safety
+/// `out`, `dout` (bf16 `[T, 64, 128]`) and `delta` (f32 `[T, 64]`) must be 16-byte-aligned
+/// device allocations of those sizes, usable from the current context; `stream` a stream of it.
+pub unsafe fn backward_preprocess(
+    out: DevicePtr,
+    dout: DevicePtr,
+    total_q: i32,
+    delta: DevicePtr,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_attn_backward_preprocess", unsafe {
+        sys::msa_attn_backward_preprocess(
+            out as *const u16,
+            dout as *const u16,
+            total_q,
+            delta as *mut f32,
+            stream,
+        )
+    })
+}
+
+/// Backward postprocess of dQ: `dq = bf16(dq_accum)`, round to nearest even.
+///
+/// # Safety
+/// `dq_accum` (f32) and `dq` (bf16), both `[T, 64, 128]`, must be 16-byte-aligned device
+/// allocations usable from the current context; `stream` a stream of it.
+pub unsafe fn backward_postprocess_dq(
+    dq_accum: DevicePtr,
+    total_q: i32,
+    dq: DevicePtr,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_attn_backward_postprocess_dq", unsafe {
+        sys::msa_attn_backward_postprocess_dq(
+            dq_accum as *const f32,
+            total_q,
+            dq as *mut u16,
+            stream,
+        )
+    })
+}
+
+/// Backward postprocess of dK/dV: `dk, dv = bf16(pool)` gathered from workspace rows to packed
+/// key rows.
+///
+/// # Safety
+/// `dk_pool`, `dv_pool` (f32 `[W, 4, 128]`, W = `padded_kv_blocks`·128) and `dk`, `dv` (bf16
+/// `[Tk, 4, 128]`) must be 16-byte-aligned device allocations, `varlen`'s block tables device
+/// arrays of `padded_kv_blocks` entries, all usable from the current context; `stream` a stream
+/// of it.
+pub unsafe fn backward_postprocess_dkv(
+    dk_pool: DevicePtr,
+    dv_pool: DevicePtr,
+    varlen: sys::MsaVarlen,
+    dk: DevicePtr,
+    dv: DevicePtr,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_attn_backward_postprocess_dkv", unsafe {
+        sys::msa_attn_backward_postprocess_dkv(
+            dk_pool as *const f32,
+            dv_pool as *const f32,
+            varlen,
+            dk as *mut u16,
+            dv as *mut u16,
+            stream,
+        )
     })
 }

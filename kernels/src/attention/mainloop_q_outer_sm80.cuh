@@ -1,4 +1,5 @@
-// Mainloop of the query-outer kernels (forward and deterministic dQ): streams the K and V tiles of
+// Mainloop of the query-outer kernels on the sm_80 path (mma.sync, cp.async; forward and
+// deterministic dQ, so named by loop order rather than direction): streams the K and V tiles of
 // the CTA's block union through a two-stage cp.async pipeline and hands each block to the warps
 // that selected it. The per-block math is the caller's (forward: online softmax and P V;
 // dQ: P, dP, dS and dS K).
