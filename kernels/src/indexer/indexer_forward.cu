@@ -1,4 +1,5 @@
-// Lightning indexer forward (contract §3.1), three deterministic launches:
+// Lightning indexer forward (contract §3.1), three deterministic launches (the scores kernel
+// uses mma.sync, the sm_80 path that also runs on sm_90a; tiles and select are arch-neutral):
 //
 //   tiles  one CTA lays out the query tiles: 64 consecutive queries of one fragment, so that they
 //          share k_base and one index-key block in smem serves all of them and their 4 heads;
