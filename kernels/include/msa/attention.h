@@ -1,6 +1,8 @@
 /* Sparse attention kernels (MSA v1 §2, §5): the forward, the atomic backward main kernel, the two
  * kernels of the deterministic backward, and the backward's pre- and postprocess. Correct-first
- * mma.sync (sm_80+) implementations; they run on sm_80 and sm_90a alike.
+ * mma.sync (sm_80+) implementations that run on sm_80 and sm_90a alike: the forward and backward
+ * launchers dispatch on the current device's SM version (read once per device), and this sm_80
+ * path is what every device gets until an sm_90a path is added.
  *
  * Fixed shapes: 64 query heads, 4 KV groups (head h reads group h / 16), head_dim 128, key
  * blocks of 128, top-k 16, softmax_scale = 128^-0.5 (msa/abi.h). Layouts (contiguous, row-major;

@@ -8,7 +8,8 @@
  * topk [4, T, 16] i32, lse [4, T] f32. T = varlen.total_q, Tk = varlen.total_k. Every pointer
  * must be 16-byte aligned. Deterministic (no atomics): repeated calls are bitwise equal. Each
  * launcher returns a cudaError_t code (0 = success), enqueues on `stream` (a cudaStream_t,
- * NULL = legacy default) and never synchronizes. */
+ * NULL = legacy default) and never synchronizes. The forward dispatches on the current device's
+ * SM version; its one path today is the sm_80 one (mma.sync), which also runs on sm_90a. */
 #ifndef MSA_INDEXER_H
 #define MSA_INDEXER_H
 

@@ -13,7 +13,9 @@
  * [4, T * 16] (packed queries, ascending per block), phys_valid [4, T * 16]
  * (visible_keys | writer_rank << 8); P = varlen.padded_kv_blocks. Every pointer must be 16-byte
  * aligned. Deterministic (no atomics): repeated calls are bitwise equal. Each launcher returns a
- * cudaError_t code (0 = success), enqueues on `stream` and never synchronizes. */
+ * cudaError_t code (0 = success), enqueues on `stream` and never synchronizes. The backward
+ * dispatches on the current device's SM version; its one path today is the sm_80 one (mma.sync),
+ * which also runs on sm_90a. */
 #ifndef MSA_KL_H
 #define MSA_KL_H
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/intrinsics.cuh"
 #include "common/launch.cuh"
@@ -85,15 +86,18 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
     }
 }
 
+cudaError_t backward_dkv_sm80(const MsaAttnBwdParams& p, cudaStream_t stream) {
+    const dim3 grid(p.varlen.padded_kv_blocks, kGroups);
+    return launch_smem(attn_backward_dkv_kernel, grid, kKvOuterThreads, sizeof(KvOuterSmem), stream, p.q, p.k, p.v,
+                       p.dout, p.lse, p.delta, p.phys_row_ptr, p.phys_q_indices, p.phys_valid, p.varlen, p.dk, p.dv);
+}
+
 }  // namespace
 }  // namespace msa
 
 extern "C" int msa_attn_backward_dkv(const MsaAttnBwdParams* params, void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
-    const MsaAttnBwdParams& p = *params;
-    if (p.varlen.padded_kv_blocks <= 0 || p.varlen.total_k <= 0) return cudaSuccess;
-    const dim3 grid(p.varlen.padded_kv_blocks, msa::kGroups);
-    return msa::launch_smem(msa::attn_backward_dkv_kernel, grid, msa::kKvOuterThreads, sizeof(msa::KvOuterSmem),
-                            static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.dout, p.lse, p.delta,
-                            p.phys_row_ptr, p.phys_q_indices, p.phys_valid, p.varlen, p.dk, p.dv);
+    if (params->varlen.padded_kv_blocks <= 0 || params->varlen.total_k <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::backward_dkv_sm80(*params, s); });
 }

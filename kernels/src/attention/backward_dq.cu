@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/intrinsics.cuh"
 #include "common/launch.cuh"
@@ -132,15 +133,18 @@ __global__ void __launch_bounds__(kQOuterThreads, 1)
     }
 }
 
+cudaError_t backward_dq_sm80(const MsaAttnBwdParams& p, cudaStream_t stream) {
+    const dim3 grid((p.varlen.total_q + kQueriesPerCta - 1) / kQueriesPerCta, kGroups);
+    return launch_smem(attn_backward_dq_kernel, grid, kQOuterThreads, sizeof(QOuterSmem), stream, p.q, p.k, p.v,
+                       p.dout, p.lse, p.delta, p.topk, p.varlen, p.dq);
+}
+
 }  // namespace
 }  // namespace msa
 
 extern "C" int msa_attn_backward_dq(const MsaAttnBwdParams* params, void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
-    const MsaAttnBwdParams& p = *params;
-    if (p.varlen.total_q <= 0) return cudaSuccess;
-    const dim3 grid((p.varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
-    return msa::launch_smem(msa::attn_backward_dq_kernel, grid, msa::kQOuterThreads, sizeof(msa::QOuterSmem),
-                            static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.dout, p.lse, p.delta, p.topk,
-                            p.varlen, p.dq);
+    if (params->varlen.total_q <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::backward_dq_sm80(*params, s); });
 }

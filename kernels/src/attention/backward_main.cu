@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/intrinsics.cuh"
 #include "common/launch.cuh"
@@ -127,15 +128,18 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
     }
 }
 
+cudaError_t backward_main_sm80(const MsaAttnBwdParams& p, cudaStream_t stream) {
+    return launch_smem(attn_backward_main_kernel, p.grid_launch, kKvOuterThreads, sizeof(KvOuterSmem), stream, p.q,
+                       p.k, p.v, p.dout, p.lse, p.delta, p.task_meta, p.task_qrows, p.task_qpos, p.desc, p.varlen,
+                       p.dq_accum, p.dk_pool, p.dv_pool);
+}
+
 }  // namespace
 }  // namespace msa
 
 extern "C" int msa_attn_backward_main(const MsaAttnBwdParams* params, void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
-    const MsaAttnBwdParams& p = *params;
-    if (p.grid_launch <= 0) return cudaSuccess;
-    return msa::launch_smem(msa::attn_backward_main_kernel, p.grid_launch, msa::kKvOuterThreads,
-                            sizeof(msa::KvOuterSmem), static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.dout,
-                            p.lse, p.delta, p.task_meta, p.task_qrows, p.task_qpos, p.desc, p.varlen, p.dq_accum,
-                            p.dk_pool, p.dv_pool);
+    if (params->grid_launch <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::backward_main_sm80(*params, s); });
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/intrinsics.cuh"
 #include "common/launch.cuh"
@@ -94,14 +95,18 @@ __global__ void __launch_bounds__(kQOuterThreads, 1)
     if (active) fwd_epilogue(o, sm, out + head_row * kHeadDim, lse + head_row);
 }
 
+cudaError_t forward_sm80(const MsaAttnFwdParams& p, cudaStream_t stream) {
+    const dim3 grid((p.varlen.total_q + kQueriesPerCta - 1) / kQueriesPerCta, kGroups);
+    return launch_smem(attn_forward_kernel, grid, kQOuterThreads, sizeof(QOuterSmem), stream, p.q, p.k, p.v, p.topk,
+                       p.varlen, p.out, p.lse);
+}
+
 }  // namespace
 }  // namespace msa
 
 extern "C" int msa_attn_forward(const MsaAttnFwdParams* params, void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
-    const MsaAttnFwdParams& p = *params;
-    if (p.varlen.total_q <= 0) return cudaSuccess;
-    const dim3 grid((p.varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
-    return msa::launch_smem(msa::attn_forward_kernel, grid, msa::kQOuterThreads, sizeof(msa::QOuterSmem),
-                            static_cast<cudaStream_t>(stream), p.q, p.k, p.v, p.topk, p.varlen, p.out, p.lse);
+    if (params->varlen.total_q <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::forward_sm80(*params, s); });
 }

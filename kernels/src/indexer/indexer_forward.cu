@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "msa/indexer.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/intrinsics.cuh"
 #include "common/launch.cuh"
@@ -307,6 +308,27 @@ __host__ bool indexer_workspace(const MsaVarlen& v, IndexerWorkspace& w) {
     return true;
 }
 
+// The three launches; the scores kernel is the sm_80 path (mma.sync, also run on sm_90a).
+cudaError_t indexer_forward_sm80(const MsaIndexerParams& p, const IndexerWorkspace& w, uint8_t* ws,
+                                 cudaStream_t s) {
+    const MsaVarlen& varlen = p.varlen;
+    float* bmax = reinterpret_cast<float*>(ws + w.bmax);
+    float* bsum = reinterpret_cast<float*>(ws + w.bsum);
+    int32_t* tiles = reinterpret_cast<int32_t*>(ws + w.tiles);
+    const int capacity = static_cast<int>(w.tile_capacity);
+
+    MSA_TRY(launch(indexer_tiles_kernel, 1, kTableThreads, s, varlen, tiles, capacity));
+
+    const dim3 grid(capacity, (varlen.max_blocks + kChunkBlocks - 1) / kChunkBlocks);
+    MSA_TRY(launch_smem(indexer_scores_kernel, grid, kScoreThreads, sizeof(ScoresSmem), s, p.qi, p.ki, tiles, varlen,
+                        bmax, bsum));
+
+    const int64_t rows = static_cast<int64_t>(kIndexHeads) * varlen.total_q;
+    const int64_t ctas = (rows + kSelectThreads / 32 - 1) / (kSelectThreads / 32);
+    return launch(indexer_select_kernel, static_cast<unsigned>(ctas), kSelectThreads, s, bmax, bsum, varlen, p.topk,
+                  p.lse);
+}
+
 }  // namespace
 }  // namespace msa
 
@@ -320,30 +342,11 @@ extern "C" int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
 extern "C" int msa_indexer_forward(const MsaIndexerParams* params, void* workspace, size_t workspace_bytes,
                                    void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
-    const uint16_t* qi = params->qi;
-    const uint16_t* ki = params->ki;
-    const MsaVarlen& varlen = params->varlen;
-    int32_t* topk = params->topk;
-    float* lse = params->lse;
     msa::IndexerWorkspace w;
-    if (!msa::indexer_workspace(varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
-    if (varlen.total_q == 0) return cudaSuccess;
+    if (!msa::indexer_workspace(params->varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
+    if (params->varlen.total_q == 0) return cudaSuccess;
     if (w.tile_capacity > 0x7fffffff) return cudaErrorInvalidValue;
     uint8_t* ws = static_cast<uint8_t*>(workspace);
-    float* bmax = reinterpret_cast<float*>(ws + w.bmax);
-    float* bsum = reinterpret_cast<float*>(ws + w.bsum);
-    int32_t* tiles = reinterpret_cast<int32_t*>(ws + w.tiles);
-    const int capacity = static_cast<int>(w.tile_capacity);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-
-    MSA_TRY(msa::launch(msa::indexer_tiles_kernel, 1, msa::kTableThreads, s, varlen, tiles, capacity));
-
-    const dim3 grid(capacity, (varlen.max_blocks + msa::kChunkBlocks - 1) / msa::kChunkBlocks);
-    MSA_TRY(msa::launch_smem(msa::indexer_scores_kernel, grid, msa::kScoreThreads, sizeof(msa::ScoresSmem), s, qi,
-                             ki, tiles, varlen, bmax, bsum));
-
-    const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
-    const int64_t ctas = (rows + msa::kSelectThreads / 32 - 1) / (msa::kSelectThreads / 32);
-    return msa::launch(msa::indexer_select_kernel, static_cast<unsigned>(ctas), msa::kSelectThreads, s, bmax, bsum,
-                       varlen, topk, lse);
+    return msa::dispatch_arch([&] { return msa::indexer_forward_sm80(*params, w, ws, s); });
 }

@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "msa/kl.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/launch.cuh"
 #include "kl/items.cuh"
@@ -61,6 +62,53 @@ __host__ bool kl_workspace(const MsaVarlen& v, KlWorkspace& w) {
     return true;
 }
 
+// The four launches; the main kernel is the sm_80 path (mma.sync, also run on sm_90a).
+cudaError_t kl_backward_sm80(const MsaKlParams& p, const KlWorkspace& w, uint8_t* ws, cudaStream_t s) {
+    const MsaVarlen& varlen = p.varlen;
+    const int capacity = static_cast<int>(w.capacity);
+    // grad_scale = iscale * loss_coeff / (4 T) in double, rounded once (as the reference).
+    const double t = varlen.total_q > 0 ? varlen.total_q : 1;
+    const float grad_scale = static_cast<float>(kScaleF64 * static_cast<double>(p.loss_coeff) /
+                                                (static_cast<double>(kIndexHeads) * t));
+
+    KlKernelParams a;
+    a.q = p.q;
+    a.k = p.k;
+    a.teacher_lse = p.teacher_lse;
+    a.qi = p.qi;
+    a.ki = p.ki;
+    a.indexer_lse = p.indexer_lse;
+    a.row_ptr = p.phys_row_ptr;
+    a.q_idx = p.phys_q_indices;
+    a.valid = p.phys_valid;
+    a.items = reinterpret_cast<const int32_t*>(ws + w.items);
+    a.block_items = reinterpret_cast<const int32_t*>(ws + w.block_items);
+    a.dqi_part = reinterpret_cast<float*>(ws + w.dqi_part);
+    a.dki_part = reinterpret_cast<float*>(ws + w.dki_part);
+    a.dki = p.dki;
+    a.grad_scale = grad_scale;
+
+    MSA_TRY(launch(kl_items_kernel, 1, kTableThreads, s, p.phys_row_ptr, varlen,
+                   reinterpret_cast<int32_t*>(ws + w.items), reinterpret_cast<int32_t*>(ws + w.block_items), capacity));
+
+    if (capacity > 0) {
+        MSA_TRY(launch_smem(kl_main_kernel, capacity, kKlThreads, sizeof(KlSmem), s, a, varlen));
+    }
+
+    if (varlen.total_q > 0) {
+        const int64_t rows = static_cast<int64_t>(kIndexHeads) * varlen.total_q;
+        const int64_t ctas = (rows + kReduceThreads / 32 - 1) / (kReduceThreads / 32);
+        MSA_TRY(launch(kl_dqi_kernel, static_cast<unsigned>(ctas), kReduceThreads, s, a.dqi_part, p.topk, varlen,
+                       grad_scale, p.dqi));
+    }
+
+    if (varlen.padded_kv_blocks > 0) {
+        MSA_TRY(launch(kl_dki_kernel, varlen.padded_kv_blocks, kReduceThreads, s, a.dki_part, a.block_items, varlen,
+                       grad_scale, p.dki));
+    }
+    return cudaSuccess;
+}
+
 }  // namespace
 }  // namespace msa
 
@@ -81,47 +129,5 @@ extern "C" int msa_kl_backward(const MsaKlParams* params, void* workspace, size_
     if (varlen.total_q == 0 && varlen.total_k == 0) return cudaSuccess;
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int capacity = static_cast<int>(w.capacity);
-    // grad_scale = iscale * loss_coeff / (4 T) in double, rounded once (as the reference).
-    const double t = varlen.total_q > 0 ? varlen.total_q : 1;
-    const float grad_scale = static_cast<float>(msa::kScaleF64 * static_cast<double>(p.loss_coeff) /
-                                                (static_cast<double>(msa::kIndexHeads) * t));
-
-    msa::KlKernelParams a;
-    a.q = p.q;
-    a.k = p.k;
-    a.teacher_lse = p.teacher_lse;
-    a.qi = p.qi;
-    a.ki = p.ki;
-    a.indexer_lse = p.indexer_lse;
-    a.row_ptr = p.phys_row_ptr;
-    a.q_idx = p.phys_q_indices;
-    a.valid = p.phys_valid;
-    a.items = reinterpret_cast<const int32_t*>(ws + w.items);
-    a.block_items = reinterpret_cast<const int32_t*>(ws + w.block_items);
-    a.dqi_part = reinterpret_cast<float*>(ws + w.dqi_part);
-    a.dki_part = reinterpret_cast<float*>(ws + w.dki_part);
-    a.dki = p.dki;
-    a.grad_scale = grad_scale;
-
-    MSA_TRY(msa::launch(msa::kl_items_kernel, 1, msa::kTableThreads, s, p.phys_row_ptr, varlen,
-                        reinterpret_cast<int32_t*>(ws + w.items), reinterpret_cast<int32_t*>(ws + w.block_items),
-                        capacity));
-
-    if (capacity > 0) {
-        MSA_TRY(msa::launch_smem(msa::kl_main_kernel, capacity, msa::kKlThreads, sizeof(msa::KlSmem), s, a, varlen));
-    }
-
-    if (varlen.total_q > 0) {
-        const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
-        const int64_t ctas = (rows + msa::kReduceThreads / 32 - 1) / (msa::kReduceThreads / 32);
-        MSA_TRY(msa::launch(msa::kl_dqi_kernel, static_cast<unsigned>(ctas), msa::kReduceThreads, s, a.dqi_part,
-                            p.topk, varlen, grad_scale, p.dqi));
-    }
-
-    if (varlen.padded_kv_blocks > 0) {
-        MSA_TRY(msa::launch(msa::kl_dki_kernel, varlen.padded_kv_blocks, msa::kReduceThreads, s, a.dki_part,
-                            a.block_items, varlen, grad_scale, p.dki));
-    }
-    return cudaSuccess;
+    return msa::dispatch_arch([&] { return msa::kl_backward_sm80(p, w, ws, s); });
 }
