@@ -14,18 +14,16 @@
 #include "common/constants.cuh"
 #include "common/launch.cuh"
 
+namespace msa {
 namespace {
 
 // The ABI words and limits (msa/abi.h, mirrored by msa_plan::backward::{abi, walk}).
 constexpr int kDescWords = MSA_DESC_WORDS;
 constexpr int kDecWords = MSA_DEC_WORDS;
 constexpr int kMetaWords = MSA_META_WORDS;
-constexpr int kTaskQueries = MSA_TASK_QUERIES;
 constexpr int kLocalityWindow = MSA_LOCALITY_WINDOW;
 constexpr long long kMaxBins = MSA_MAX_BINS;
 constexpr int kWorkWords = MSA_WORK_WORDS;
-using msa::kBlock;
-using msa::kIndexHeads;
 
 constexpr int kScanThreads = 1024;  // scan_work, scan_bins: one CTA
 constexpr int kScanItems = 8;       // consecutive items per thread and tile
@@ -302,15 +300,13 @@ bool derive_sizes(const MsaTaskBuildShape& s, Sizes* z) {
     return true;
 }
 
-}  // namespace
-
-extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShape shape,
-                                     int32_t* scratch, size_t scratch_words, int32_t* tables,
-                                     size_t table_words, void* stream) {
+// The four launches after the -1 fill (sizes checked first: nothing is enqueued otherwise).
+cudaError_t task_build_tables(const MsaTaskBuildInputs& inputs, const MsaTaskBuildShape& shape, int32_t* scratch,
+                              size_t scratch_words, int32_t* tables, size_t table_words, void* stream) {
     Sizes z;
     if (!derive_sizes(shape, &z) || scratch == nullptr || tables == nullptr ||
         scratch_words != z.scratch_words || table_words != z.table_words ||
-        !msa::aligned16(tables)) {
+        !aligned16(tables)) {
         return cudaErrorInvalidValue;
     }
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -327,8 +323,8 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     sc.offsets = scratch + z.bins_at + MSA_BIN_OFFSETS * z.bins;
     sc.decode = scratch + z.task_decode;
 
-    MSA_TRY(msa::launch(scan_work_kernel, 1, kScanThreads, s, inputs.scheduler_metadata,
-                        inputs.work_count, z.work_capacity, z.bins, sc));
+    MSA_TRY(launch(scan_work_kernel, 1, kScanThreads, s, inputs.scheduler_metadata, inputs.work_count,
+                   z.work_capacity, z.bins, sc));
 
     const unsigned task_grid = unsigned((z.capacity + kThreads - 1) / kThreads);
     AssignArgs aa;
@@ -338,9 +334,9 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     aa.capacity = z.capacity;
     aa.num_windows = z.num_windows;
     aa.num_kblocks = z.num_kblocks;
-    MSA_TRY(msa::launch(assign_segments_kernel, task_grid, kThreads, s, aa, sc));
+    MSA_TRY(launch(assign_segments_kernel, task_grid, kThreads, s, aa, sc));
 
-    MSA_TRY(msa::launch(scan_bins_kernel, 1, kScanThreads, s, z.bins, sc));
+    MSA_TRY(launch(scan_bins_kernel, 1, kScanThreads, s, z.bins, sc));
 
     ScatterArgs sa;
     sa.in = inputs;
@@ -352,5 +348,13 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     sa.meta = tables;
     sa.qrows = tables + z.task_qrows;
     sa.qpos = tables + z.task_qpos;
-    return msa::launch(scatter_tables_kernel, task_grid, kThreads, s, sa, sc);
+    return launch(scatter_tables_kernel, task_grid, kThreads, s, sa, sc);
+}
+
+}  // namespace
+}  // namespace msa
+
+extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShape shape, int32_t* scratch,
+                                     size_t scratch_words, int32_t* tables, size_t table_words, void* stream) {
+    return msa::task_build_tables(inputs, shape, scratch, scratch_words, tables, table_words, stream);
 }
