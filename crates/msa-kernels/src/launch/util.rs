@@ -3,12 +3,6 @@
 use super::{DevicePtr, Stream};
 use crate::{sys, KernelError};
 
-/// A quiet f32 NaN: poison for f32 outputs.
-pub const NAN_F32_BITS: u32 = 0x7fc0_0000;
-
-/// Two quiet bf16 NaNs: poison for bf16 outputs (fill `len.div_ceil(2)` words).
-pub const NAN_BF16X2_BITS: u32 = 0x7fc0_7fc0;
-
 /// The targets compiled into the linked kernel library (`sm_90a,sm_80,compute_80`); matches
 /// [`crate::built_archs`] unless the link mixed builds.
 pub fn kernels_archs() -> &'static str {
@@ -28,10 +22,10 @@ pub unsafe fn fill_u32(
     value: u32,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_util_fill_u32",
-        sys::msa_util_fill_u32(out as *mut u32, n, value, stream),
-    )
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_util_fill_u32", unsafe {
+        sys::msa_util_fill_u32(out as *mut u32, n, value, stream)
+    })
 }
 
 #[cfg(test)]
