@@ -80,8 +80,8 @@ step "clippy (--features msa)" \
     --all-targets -- -D warnings
 # Clippy does not link: build and link every msa-feature test binary (the GPU suite, the
 # harness's and the msa CLI's tests, the kernel layer's), so an undefined launcher symbol fails
-# here, not on the GPU host. Its build.rs run compiles the kernels again: clippy wraps
-# msa-toolchain, a build dependency, so nothing from the clippy step is reused.
+# here, not on the GPU host. Its build.rs run takes every kernel object from the
+# content-addressed object cache (target/msa-kernels-cache) that the clippy step filled.
 step "link (--features msa)" \
     cargo test -p msa-kernels -p msa -p msa-harness -p msa-cli -p msa-tests --features msa --no-run
 

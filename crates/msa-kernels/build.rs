@@ -1,8 +1,13 @@
 //! With feature `msa`: compiles every `kernels/src/**/*.cu` with nvcc into `libmsa_kernels.a`
-//! (static cudart). Without it: nothing, so the crate builds on hosts with no CUDA at all.
+//! (static cudart), through the content-addressed object cache of `msa_toolchain::cache`
+//! (`$MSA_KERNELS_BUILD_DIR`, default `target/msa-kernels-cache`): only translation units whose
+//! source, local headers, compiler or flags changed are compiled; each one compiled is reported
+//! as a `cargo:warning`, the count reused goes to stderr. Without `msa`: nothing, so the crate
+//! builds on hosts with no CUDA at all.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 /// Caps parallel nvcc processes (CUTLASS translation units take GBs of memory each).
 const JOBS_VAR: &str = "MSA_NVCC_JOBS";
@@ -26,7 +31,15 @@ fn build() -> Result<(), String> {
         .canonicalize()
         .map_err(|e| format!("{}: {e}", kernels.display()))?;
     println!("cargo:rerun-if-changed={}", kernels.display());
-    for var in msa_toolchain::ENV_VARS.iter().chain([&JOBS_VAR]) {
+    let cache_vars = [msa_toolchain::cache::BUILD_DIR_VAR]
+        .into_iter()
+        .chain(msa_toolchain::cache::NVCC_ENV_VARS.iter().copied());
+    for var in msa_toolchain::ENV_VARS
+        .iter()
+        .copied()
+        .chain([JOBS_VAR])
+        .chain(cache_vars)
+    {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -70,6 +83,39 @@ fn build() -> Result<(), String> {
         b
     };
 
+    // Objects live in the content-addressed cache (msa_toolchain::cache): a translation unit
+    // whose source, local headers, compiler and flags are unchanged is reused, whichever
+    // profile or command (clippy, test, build) compiled it first.
+    let cache_dir = msa_toolchain::cache::build_dir(
+        &msa_toolchain::cache::target_dir_of_out_dir(&out_dir).unwrap_or_else(|| out_dir.clone()),
+    );
+    let tool = base().try_get_compiler().map_err(|e| e.to_string())?;
+    let fingerprint = msa_toolchain::cache::compiler_fingerprint(tool.path(), tool.args());
+    let include_dirs = [kernels.join("include"), kernels.join("src")];
+    let mut todo = Vec::new();
+    let mut objects = Vec::new();
+    for (i, src) in sources.iter().enumerate() {
+        let key = msa_toolchain::cache::object_key(&fingerprint, src, &include_dirs)
+            .map_err(|e| e.to_string())?;
+        let stem = src
+            .strip_prefix(kernels.join("src"))
+            .unwrap_or(src)
+            .with_extension("")
+            .to_string_lossy()
+            .replace(['/', '\\'], "_");
+        let cached = cache_dir.join(format!("{stem}-{key}.o"));
+        if !cached.is_file() {
+            todo.push(i);
+        }
+        objects.push(cached);
+    }
+    eprintln!(
+        "msa-kernels: {} of {} kernel objects reused from {}",
+        sources.len() - todo.len(),
+        sources.len(),
+        cache_dir.display()
+    );
+
     // One Build per file: cc compiles several CUDA files of one Build as relocatable device
     // code (--device-c) plus a device-link step, which costs link time and loses the
     // JIT-able compute_80 PTX. Whole-program objects need no device link.
@@ -78,45 +124,35 @@ fn build() -> Result<(), String> {
         .ok()
         .and_then(|j| j.parse::<usize>().ok())
         .unwrap_or(1)
-        .clamp(1, sources.len());
+        .clamp(1, todo.len().max(1));
     let next = AtomicUsize::new(0);
-    let mut compiled: Vec<(usize, Result<Vec<PathBuf>, String>)> = std::thread::scope(|s| {
+    let errors: Vec<String> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..jobs)
             .map(|_| {
                 s.spawn(|| {
-                    let mut done = Vec::new();
+                    let mut errors = Vec::new();
                     loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(src) = sources.get(i) else {
-                            break done;
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&i) = todo.get(n) else {
+                            break errors;
                         };
-                        let result = base()
-                            .file(src)
-                            .try_compile_intermediates()
-                            .map_err(|e| format!("{}: {e}", src.display()));
-                        done.push((i, result));
+                        if let Err(e) =
+                            compile_into_cache(&base, &sources[i], &out_dir, i, &objects[i])
+                        {
+                            errors.push(e);
+                        }
                     }
                 })
             })
             .collect();
         workers
             .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
+            .flat_map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| vec!["a compile worker panicked".into()])
+            })
             .collect()
     });
-    if compiled.len() != sources.len() {
-        return Err("a compile worker panicked".into());
-    }
-    // Archive in source order, whatever order the workers finished in.
-    compiled.sort_by_key(|(i, _)| *i);
-    let mut objects = Vec::new();
-    let mut errors = Vec::new();
-    for (_, result) in compiled {
-        match result {
-            Ok(objs) => objects.extend(objs),
-            Err(e) => errors.push(e),
-        }
-    }
     if !errors.is_empty() {
         return Err(format!(
             "nvcc failed (its output is above):\n{}",
@@ -133,6 +169,39 @@ fn build() -> Result<(), String> {
     println!(
         "cargo:rustc-env=MSA_KERNEL_ARCHS={}",
         msa_toolchain::built_targets()
+    );
+    Ok(())
+}
+
+/// Compiles source `i` into a job directory of its own, then moves the object into the cache as
+/// `cached`, and says so (`cargo:warning`, so a rebuild shows what it compiled).
+fn compile_into_cache(
+    base: &dyn Fn() -> cc::Build,
+    src: &Path,
+    out_dir: &Path,
+    i: usize,
+    cached: &Path,
+) -> Result<(), String> {
+    let start = Instant::now();
+    let objs = base()
+        .out_dir(out_dir.join(format!("job-{i}")))
+        .file(src)
+        .try_compile_intermediates()
+        .map_err(|e| format!("{}: {e}", src.display()))?;
+    let [obj] = objs.as_slice() else {
+        return Err(format!(
+            "{}: expected one object, got {objs:?}",
+            src.display()
+        ));
+    };
+    msa_toolchain::cache::store(obj, cached).map_err(|e| e.to_string())?;
+    let shown = src.to_string_lossy();
+    let shown = shown
+        .find("kernels/src/")
+        .map_or(&*shown, |at| &shown[at..]);
+    println!(
+        "cargo:warning=compiled {shown} ({:.1} s)",
+        start.elapsed().as_secs_f64()
     );
     Ok(())
 }

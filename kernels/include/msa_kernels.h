@@ -3,12 +3,12 @@
 #ifndef MSA_KERNELS_H
 #define MSA_KERNELS_H
 
+#include "msa/abi.h"
 #include "msa/common.h"
 #include "msa/util.h"
 #include "msa/attention.h"
 #include "msa/prepare.h"
 #include "msa/task_build.h"
-#include "msa/pre_post.h"
 #include "msa/indexer.h"
 #include "msa/kl.h"
 

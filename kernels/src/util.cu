@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include "common/launch.cuh"
+
 #ifndef MSA_KERNEL_ARCHS
 #error "MSA_KERNEL_ARCHS must be defined by the build (msa_toolchain::Toolchain::nvcc_flags)"
 #endif
@@ -54,7 +56,6 @@ extern "C" int msa_util_fill_u32(uint32_t* out, size_t n, uint32_t value, void* 
     const size_t n_vec = (n - head) / 4;
     size_t blocks = (n_vec + kFillThreads - 1) / kFillThreads;
     blocks = blocks < 1 ? 1 : (blocks > kFillMaxBlocks ? kFillMaxBlocks : blocks);
-    fill_u32_kernel<<<unsigned(blocks), kFillThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        out, n, head, n_vec, value);
-    return cudaGetLastError();
+    return msa::launch(fill_u32_kernel, unsigned(blocks), kFillThreads, static_cast<cudaStream_t>(stream), out, n,
+                       head, n_vec, value);
 }

@@ -51,6 +51,8 @@ fn generate(root: &std::path::Path) -> Result<String, String> {
         .allowlist_function("msa_.*")
         .allowlist_type("msa_.*|Msa.*")
         .allowlist_var("msa_.*|Msa.*|MSA_.*")
+        // ABI constants keep their C names (`sys::MSA_TOPK_NEGATIVE`, typed by their enum).
+        .prepend_enum_name(false)
         .layout_tests(true)
         .derive_default(true)
         .merge_extern_blocks(true)

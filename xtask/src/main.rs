@@ -11,9 +11,13 @@ const HELP: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  build-kernels [-j N]   find or install the pinned nvcc + CUTLASS toolchain, then compile
+  build-kernels [-j N] [--force]
+                         find or install the pinned nvcc + CUTLASS toolchain, then compile
                          every kernels/src/**/*.cu once per architecture (compile only) and
-                         report each compile's time; fails if any compile fails
+                         report each compile's time; fails if any compile fails. Objects are
+                         cached by the hash of source, headers, compiler and flags (the cache
+                         build.rs uses): unchanged ones are reported as cached; --force
+                         compiles everything
   bindings [--check]     regenerate crates/msa-kernels/src/sys.rs from
                          kernels/include/msa_kernels.h (bindgen + rustfmt); with --check,
                          fail if the committed file is stale instead
@@ -23,7 +27,8 @@ commands:
   help                   this text
 
 environment: CUDA_HOME / CUDA_PATH / NVCC, CUTLASS_DIR, MSA_TOOLCHAIN_DIR (toolchain cache),
-MSA_PTXAS_VERBOSE=1 (ptxas register report), MSA_NVCC_JOBS (parallel nvcc in build.rs)";
+MSA_PTXAS_VERBOSE=1 (ptxas register report), MSA_NVCC_JOBS (parallel nvcc in build.rs),
+MSA_KERNELS_BUILD_DIR (object cache; default target/msa-kernels-cache)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

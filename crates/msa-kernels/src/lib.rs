@@ -16,6 +16,7 @@ pub use error::KernelError;
     non_upper_case_globals,
     dead_code,
     clippy::all,
+    clippy::undocumented_unsafe_blocks,
     rustdoc::broken_intra_doc_links
 )]
 pub mod sys;

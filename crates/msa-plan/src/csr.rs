@@ -13,7 +13,8 @@ use crate::layout::VarlenLayout;
 use crate::topk::check_topk_shape;
 use crate::topology::{BLOCK_SIZE, NUM_INDEX_HEADS, TOPK_BLOCKS};
 
-/// Bit offset of `writer_rank` in `qsplit`; the low 24 bits hold the fragment-local query.
+/// Bit offset of `writer_rank` in `qsplit`; the low 24 bits hold the fragment-local query
+/// (`MSA_QSPLIT_RANK_SHIFT` of `kernels/include/msa/abi.h`, as the next one).
 pub const QSPLIT_RANK_SHIFT: u32 = 24;
 /// Bit offset of `writer_rank` in the physical CSR's `valid`; the low 8 bits hold visible keys.
 pub const PHYSICAL_RANK_SHIFT: u32 = 8;

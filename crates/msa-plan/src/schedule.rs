@@ -18,8 +18,21 @@ pub const Q_TOKENS_PER_GROUP: usize = BLOCK_SIZE / HEADS_PER_GROUP;
 pub const MAX_GROUPS_PER_CTA: usize = 512;
 /// `max(8, topk·blk·2)`: no chunk exceeds this many queries, so "sink" rows are split.
 pub const SINK_BALANCE_CAP: usize = TOPK_BLOCKS * BLOCK_SIZE * 2;
-/// int32 words per `scheduler_metadata` row.
+/// int32 words per `scheduler_metadata` row (`MSA_WORK_*` of `kernels/include/msa/abi.h`, as the
+/// word positions below).
 pub const WORK_WORDS: usize = 6;
+/// Word of a `scheduler_metadata` row: index head.
+pub const WORK_HEAD: usize = 0;
+/// Word of a `scheduler_metadata` row: level-major k2q row.
+pub const WORK_ROW: usize = 1;
+/// Word of a `scheduler_metadata` row: first edge of the chunk, relative to the row start.
+pub const WORK_Q_BEGIN: usize = 2;
+/// Word of a `scheduler_metadata` row: queries of the chunk.
+pub const WORK_Q_COUNT: usize = 3;
+/// Word of a `scheduler_metadata` row: fragment of the row.
+pub const WORK_FRAGMENT: usize = 4;
+/// Word of a `scheduler_metadata` row: document-local key block (the row's level).
+pub const WORK_KBLOCK: usize = 5;
 
 /// MSA's `balanced_target_q_per_cta`: about two items per SM, capped, a multiple of 8.
 pub fn balanced_target_q_per_cta(total_q: usize, num_sms: usize) -> usize {
@@ -58,15 +71,14 @@ pub struct WorkItem {
 impl WorkItem {
     /// The `scheduler_metadata` row `(head, row, q_begin, q_count, fragment, kblock)`.
     pub fn to_words(&self) -> [i32; WORK_WORDS] {
-        [
-            self.head,
-            self.row,
-            self.q_begin,
-            self.q_count,
-            self.fragment,
-            self.kblock,
-        ]
-        .map(|v| v as i32)
+        let mut words = [0; WORK_WORDS];
+        words[WORK_HEAD] = self.head as i32;
+        words[WORK_ROW] = self.row as i32;
+        words[WORK_Q_BEGIN] = self.q_begin as i32;
+        words[WORK_Q_COUNT] = self.q_count as i32;
+        words[WORK_FRAGMENT] = self.fragment as i32;
+        words[WORK_KBLOCK] = self.kblock as i32;
+        words
     }
 }
 

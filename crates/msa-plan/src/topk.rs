@@ -5,7 +5,7 @@
 //! entry is checked before any work. The rule is per slot and the first offending slot (smallest
 //! linear index `(head·T + q)·16 + slot`) is reported; the device validation kernel of `prepare`
 //! applies the same rule and writes the same `(code, head, query, slot)` word, so GPU tests compare
-//! the two exactly. The codes below are that ABI.
+//! the two exactly. The codes below are that ABI (`MSA_TOPK_*` of `kernels/include/msa/abi.h`).
 
 use crate::error::{PlanError, Result};
 use crate::layout::VarlenLayout;

@@ -1,14 +1,17 @@
-/* Sparse attention kernels (MSA v1 §2, §5): forward, atomic backward main kernel, and the two
- * kernels of the deterministic backward. Correct-first mma.sync (sm_80+) implementations; they run
- * on sm_80 and sm_90a alike.
+/* Sparse attention kernels (MSA v1 §2, §5): the forward, the atomic backward main kernel, the two
+ * kernels of the deterministic backward, and the backward's pre- and postprocess. Correct-first
+ * mma.sync (sm_80+) implementations that run on sm_80 and sm_90a alike: the forward and backward
+ * launchers dispatch on the current device's SM version (read once per device), and this sm_80
+ * path is what every device gets until an sm_90a path is added.
  *
  * Fixed shapes: 64 query heads, 4 KV groups (head h reads group h / 16), head_dim 128, key
- * blocks of 128, top-k 16, softmax_scale = 128^-0.5. Layouts (contiguous, row-major; bf16 as
- * uint16_t bits): q, out, dout, dq [T, 64, 128]; k, v, dk, dv [Tk, 4, 128]; topk [4, T, 16] i32
- * (document-local block ids, -1 padding, validated before launch); lse, delta [T, 64] fp32
- * (natural-log LSE). T = varlen.total_q, Tk = varlen.total_k. Every pointer must be 16-byte
- * aligned. Each launcher returns a cudaError_t code (0 = success), enqueues on `stream` (a
- * cudaStream_t, NULL = legacy default) and never synchronizes. */
+ * blocks of 128, top-k 16, softmax_scale = 128^-0.5 (msa/abi.h). Layouts (contiguous, row-major;
+ * bf16 as uint16_t bits): q, out, dout, dq [T, 64, 128]; k, v, dk, dv [Tk, 4, 128]; topk
+ * [4, T, 16] i32 (document-local block ids, -1 padding, validated before launch); lse, delta
+ * [T, 64] fp32 (natural-log LSE). T = varlen.total_q, Tk = varlen.total_k. Every pointer must be
+ * 16-byte aligned. The forward and backward kernels take a parameter struct (a NULL params is
+ * cudaErrorInvalidValue). Each launcher returns a cudaError_t code (0 = success), enqueues on
+ * `stream` (a cudaStream_t, NULL = legacy default) and never synchronizes. */
 #ifndef MSA_ATTENTION_H
 #define MSA_ATTENTION_H
 
@@ -20,44 +23,99 @@
 extern "C" {
 #endif
 
+/* Parameters of msa_attn_forward (device pointers). */
+typedef struct MsaAttnFwdParams {
+    const uint16_t* q;    /* [T, 64, 128] */
+    const uint16_t* k;    /* [Tk, 4, 128] */
+    const uint16_t* v;    /* [Tk, 4, 128] */
+    const int32_t* topk;  /* [4, T, 16], validated */
+    MsaVarlen varlen;
+    uint16_t* out;        /* [T, 64, 128], written in full */
+    float* lse;           /* [T, 64], written in full */
+} MsaAttnFwdParams;
+
 /* out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.
  * Empty selection: out = 0, lse = -inf. Deterministic.
  * Grid (ceil(T / 8), 4), 256 threads, ~131 KB dynamic smem. */
-int msa_attn_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32_t* topk,
-                     MsaVarlen varlen, uint16_t* out, float* lse, void* stream);
+int msa_attn_forward(const MsaAttnFwdParams* params, void* stream);
+
+/* Parameters of the backward launchers (device pointers), one struct for the three kernels
+ * (FA3's Flash_bwd_params): each launcher reads the inputs and the fields of its own section;
+ * the others may stay null. */
+typedef struct MsaAttnBwdParams {
+    /* Inputs of every backward kernel. */
+    const uint16_t* q;     /* [T, 64, 128] */
+    const uint16_t* k;     /* [Tk, 4, 128] */
+    const uint16_t* v;     /* [Tk, 4, 128] */
+    const uint16_t* dout;  /* [T, 64, 128] */
+    const float* lse;      /* [T, 64], the forward's natural-log LSE */
+    const float* delta;    /* [T, 64], rowsum(dout * out) */
+    MsaVarlen varlen;
+
+    /* msa_attn_backward_main: the device task tables and the fp32 accumulators. */
+    const int32_t* task_meta;  /* [cap, 4] = (0, group, physical kblock, valid slots) */
+    const int32_t* task_qrows; /* [cap, 8]: packed query or -1 */
+    const int32_t* task_qpos;  /* [cap, 8]: query position in workspace coordinates */
+    const int32_t* desc;       /* [8]: the CTA-walk descriptor (MSA_DESC_*) */
+    int32_t grid_launch;       /* CTAs to launch (host-side bound); 0 launches nothing */
+    float* dq_accum;           /* [T, 64, 128] */
+    float* dk_pool;            /* [W, 4, 128] */
+    float* dv_pool;            /* [W, 4, 128] */
+
+    /* msa_attn_backward_dq: the validated selection and the bf16 dQ. */
+    const int32_t* topk; /* [4, T, 16] */
+    uint16_t* dq;        /* [T, 64, 128] */
+
+    /* msa_attn_backward_dkv: prepare's physical CSR and the bf16 dK, dV. */
+    const int32_t* phys_row_ptr;   /* [4, P + 1] */
+    const int32_t* phys_q_indices; /* [4, T * 16]: packed queries, ascending per block */
+    const int32_t* phys_valid;     /* [4, T * 16]: visible_keys | writer_rank << 8 */
+    uint16_t* dk;                  /* [Tk, 4, 128] */
+    uint16_t* dv;                  /* [Tk, 4, 128] */
+} MsaAttnBwdParams;
 
 /* Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates
  *   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),
  *   dk_pool, dv_pool [W, 4, 128] fp32 += dS^T q, P^T dout  at workspace row kblock * 128 + r,
  * with unordered fp32 atomics, so all three must be zeroed (or hold partial sums) beforehand.
- * delta = rowsum(dout * out) [T, 64] fp32. Task tables: task_meta [cap, 4] = (0, group, physical
- * kblock, valid slots), task_qrows [cap, 8] (packed query or -1), task_qpos [cap, 8] (query
- * position in workspace coordinates), desc [8] = (num_task_rows, rows_per_cta, num_full_ctas,
- * tail_rows, grid_ctas, num_work, num_tasks, flags). W = varlen.padded_kv_blocks * 128.
+ * desc = (num_task_rows, rows_per_cta, num_full_ctas, tail_rows, grid_ctas, num_work,
+ * num_tasks, flags). W = varlen.padded_kv_blocks * 128.
  * Grid (grid_launch) (nothing is launched for 0), 256 threads, ~130 KB dynamic smem; CTAs past
  * desc.grid_ctas exit at once. */
-int msa_attn_backward_main(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                           const float* lse, const float* delta, const int32_t* task_meta,
-                           const int32_t* task_qrows, const int32_t* task_qpos, const int32_t* desc,
-                           int32_t grid_launch, MsaVarlen varlen, float* dq_accum, float* dk_pool,
-                           float* dv_pool, void* stream);
+int msa_attn_backward_main(const MsaAttnBwdParams* params, void* stream);
 
 /* Deterministic dQ, query-outer (the forward's structure): dq [T, 64, 128] bf16 written directly,
  * bitwise repeatable. Grid (ceil(T / 8), 4), 256 threads, ~131 KB dynamic smem. */
-int msa_attn_backward_dq(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                         const float* lse, const float* delta, const int32_t* topk, MsaVarlen varlen,
-                         uint16_t* dq, void* stream);
+int msa_attn_backward_dq(const MsaAttnBwdParams* params, void* stream);
 
 /* Deterministic dK/dV, physical-block-outer: one CTA per (physical block, group) walks the
- * physical CSR (phys_row_ptr [4, P + 1], phys_q_indices [4, T * 16] packed queries ascending,
- * phys_valid [4, T * 16] = visible_keys | writer_rank << 8; P = varlen.padded_kv_blocks) and
- * writes dk, dv [Tk, 4, 128] bf16 at the block's packed key rows; blocks nobody selected get
- * zeros, padding blocks write nothing. Bitwise repeatable.
- * Grid (P, 4), 256 threads, ~130 KB dynamic smem. */
-int msa_attn_backward_dkv(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                          const float* lse, const float* delta, const int32_t* phys_row_ptr,
-                          const int32_t* phys_q_indices, const int32_t* phys_valid, MsaVarlen varlen,
-                          uint16_t* dk, uint16_t* dv, void* stream);
+ * physical CSR (P = varlen.padded_kv_blocks) and writes dk, dv [Tk, 4, 128] bf16 at the block's
+ * packed key rows; blocks nobody selected get zeros, padding blocks write nothing. Bitwise
+ * repeatable. Grid (P, 4), 256 threads, ~130 KB dynamic smem. */
+int msa_attn_backward_dkv(const MsaAttnBwdParams* params, void* stream);
+
+/* ---- Backward pre- and postprocess (nemo-kernels §5.3, §5.5; docs/design.md "Backward" steps 1
+ * and 4). Streaming kernels: dq_accum [T, 64, 128] fp32, dk_pool, dv_pool [W, 4, 128] fp32;
+ * every tensor pointer 16-byte aligned (else cudaErrorInvalidValue); nothing is launched for
+ * empty tensors. */
+
+/* delta[t, h] = sum_d out[t, h, d] * dout[t, h, d] in fp32 (the products of two bf16 values are
+ * exact in fp32; 8 sequential fma per thread, then a 16-lane butterfly), out, dout
+ * [T, 64, 128], delta [T, 64]. Deterministic.
+ * Grid ceil(T * 64 / 16), 256 threads: 16 threads per (t, h) row, 16-byte loads. */
+int msa_attn_backward_preprocess(const uint16_t* out, const uint16_t* dout, int32_t total_q, float* delta,
+                                 void* stream);
+
+/* dq = bf16(dq_accum), round to nearest even (__float2bfloat16_rn), element for element.
+ * Grid ceil(T * 64 * 128 / 8 / 256), 256 threads: 8 elements per thread. */
+int msa_attn_backward_postprocess_dq(const float* dq_accum, int32_t total_q, uint16_t* dq, void* stream);
+
+/* dk, dv = bf16 (round to nearest even) of the workspace pools gathered to packed key rows: for
+ * physical block pb, packed row block_key_start[pb] + r takes pool row pb * 128 + r for every
+ * r < block_key_count[pb] (every packed key row exactly once; padding blocks are skipped).
+ * Grid (ceil(W * 64 / 256), 2): blockIdx.y 0 casts dK, 1 dV; 8 elements per thread. */
+int msa_attn_backward_postprocess_dkv(const float* dk_pool, const float* dv_pool, MsaVarlen varlen, uint16_t* dk,
+                                      uint16_t* dv, void* stream);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,8 @@
  * topk [4, T, 16] i32, lse [4, T] f32. T = varlen.total_q, Tk = varlen.total_k. Every pointer
  * must be 16-byte aligned. Deterministic (no atomics): repeated calls are bitwise equal. Each
  * launcher returns a cudaError_t code (0 = success), enqueues on `stream` (a cudaStream_t,
- * NULL = legacy default) and never synchronizes. */
+ * NULL = legacy default) and never synchronizes. The forward dispatches on the current device's
+ * SM version; its one path today is the sm_80 one (mma.sync), which also runs on sm_90a. */
 #ifndef MSA_INDEXER_H
 #define MSA_INDEXER_H
 
@@ -27,6 +28,15 @@ extern "C" {
  * code (cudaErrorInvalidValue for negative sizes). */
 int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 
+/* Parameters of msa_indexer_forward (device pointers; shapes above). */
+typedef struct MsaIndexerParams {
+    const uint16_t* qi; /* [T, 4, 128] */
+    const uint16_t* ki; /* [Tk, 1, 128] */
+    MsaVarlen varlen;
+    int32_t* topk;      /* [4, T, 16], written in full */
+    float* lse;         /* [4, T], written in full */
+} MsaIndexerParams;
+
 /* topk and lse of every (head, query), written in full. Enqueues three kernels:
  *   tiles  grid 1, 1024 threads: the query tiles (64 consecutive queries of one fragment);
  *   scores grid ((T + 63 * batch) / 64, ceil(max_blocks / 32)), 256 threads, 64 KB dynamic smem:
@@ -34,9 +44,10 @@ int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  *          (head, query, block) by mma.sync, into the workspace;
  *   select grid ceil(4 T / 8), 256 threads: one warp per (head, query), selection and LSE.
  * workspace: workspace_bytes >= msa_indexer_workspace_bytes of device memory, 256-byte aligned;
- * its contents are scratch. Returns cudaErrorInvalidValue if it is too small. */
-int msa_indexer_forward(const uint16_t* qi, const uint16_t* ki, MsaVarlen varlen, int32_t* topk,
-                        float* lse, void* workspace, size_t workspace_bytes, void* stream);
+ * its contents are scratch. Returns cudaErrorInvalidValue if it is too small or params is
+ * NULL. */
+int msa_indexer_forward(const MsaIndexerParams* params, void* workspace, size_t workspace_bytes,
+                        void* stream);
 
 /* The indexer_lse input of msa_kl_backward (MSA v1 §3.2: the index distribution over the
  * attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],

@@ -13,7 +13,9 @@
  * [4, T * 16] (packed queries, ascending per block), phys_valid [4, T * 16]
  * (visible_keys | writer_rank << 8); P = varlen.padded_kv_blocks. Every pointer must be 16-byte
  * aligned. Deterministic (no atomics): repeated calls are bitwise equal. Each launcher returns a
- * cudaError_t code (0 = success), enqueues on `stream` and never synchronizes. */
+ * cudaError_t code (0 = success), enqueues on `stream` and never synchronizes. The backward
+ * dispatches on the current device's SM version; its one path today is the sm_80 one (mma.sync),
+ * which also runs on sm_90a. */
 #ifndef MSA_KL_H
 #define MSA_KL_H
 
@@ -33,6 +35,24 @@ extern "C" {
  * returns a cudaError_t code (cudaErrorInvalidValue for negative sizes). */
 int msa_kl_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 
+/* Parameters of msa_kl_backward (device pointers; shapes above). */
+typedef struct MsaKlParams {
+    const uint16_t* q;            /* [T, 64, 128], the attention's q */
+    const uint16_t* k;            /* [Tk, 4, 128], the attention's k */
+    const float* teacher_lse;     /* [T, 64], the attention forward's LSE */
+    const uint16_t* qi;           /* [T, 4, 128] */
+    const uint16_t* ki;           /* [Tk, 1, 128] */
+    const float* indexer_lse;     /* [4, T] */
+    const int32_t* topk;          /* [4, T, 16], validated */
+    const int32_t* phys_row_ptr;  /* [4, P + 1]: prepare's physical CSR of topk */
+    const int32_t* phys_q_indices; /* [4, T * 16] */
+    const int32_t* phys_valid;    /* [4, T * 16] */
+    MsaVarlen varlen;
+    float loss_coeff;             /* grad_scale = iscale * loss_coeff / (4 * max(T, 1)) */
+    uint16_t* dqi;                /* [T, 4, 128], written in full */
+    uint16_t* dki;                /* [Tk, 1, 128], written in full */
+} MsaKlParams;
+
 /* dqi and dki, every element written (keys in no token set and queries without a selection get
  * exact zeros). KV-outer: the teacher is computed once per (query, group, selected block), so
  * the work is balanced however the selection is spread. Enqueues four kernels:
@@ -47,12 +67,8 @@ int msa_kl_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  *   dki    grid (P), 256 threads: blocks with several items sum their partials in item order,
  *          blocks nobody selected write zeros.
  * workspace: workspace_bytes >= msa_kl_workspace_bytes of device memory, 256-byte aligned; its
- * contents are scratch. Returns cudaErrorInvalidValue if it is too small. */
-int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float* teacher_lse, const uint16_t* qi,
-                    const uint16_t* ki, const float* indexer_lse, const int32_t* topk,
-                    const int32_t* phys_row_ptr, const int32_t* phys_q_indices, const int32_t* phys_valid,
-                    MsaVarlen varlen, float loss_coeff, uint16_t* dqi, uint16_t* dki, void* workspace,
-                    size_t workspace_bytes, void* stream);
+ * contents are scratch. Returns cudaErrorInvalidValue if it is too small or params is NULL. */
+int msa_kl_backward(const MsaKlParams* params, void* workspace, size_t workspace_bytes, void* stream);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,7 @@ extern "C" {
 typedef struct MsaPrepareOutputs {
     int32_t* error_word;         /* [4]: (code, head, query, slot) of the first invalid top-k
                                     entry (smallest (head*T + query)*16 + slot), zeros if valid;
-                                    codes as msa_plan::topk (1 negative, 2 >= num_blocks,
+                                    codes MsaTopkCode (msa/abi.h; 1 negative, 2 >= num_blocks,
                                     3 after the own block, 4 repeat of an earlier slot) */
     int32_t* row_ptr;            /* [4, R + 1]: k2q CSR offsets per head (level-major rows) */
     int32_t* q_indices;          /* [4, T * 16]: fragment-local queries, ascending per row, -1 tail */

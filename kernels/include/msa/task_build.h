@@ -8,7 +8,8 @@
  *                    writes the CTA-walk descriptor (rows_per_cta / chunk_map on the device).
  * Exact task counts stay on the device: no host synchronization, graph-capturable.
  *
- * Buffer layout (int32 words, msa_plan::backward::abi):
+ * Buffer layout (int32 words; positions MSA_DESC_*, MSA_BIN_*, MSA_DEC_*, MSA_META_* of msa/abi.h,
+ * mirrored by msa_plan::backward::abi):
  *   scratch = desc[8] | task_ends[work_capacity] | task_segments[capacity] | bins[4, bins]
  *             | task_decode[capacity, 3]
  *   tables  = task_meta[capacity, 4] | task_qrows[capacity, 8] | task_qpos[capacity, 8]
@@ -23,7 +24,7 @@
 extern "C" {
 #endif
 
-/* The forward-derived schedule (msa_plan::MSABackwardSchedule), device arrays. The kernels trust
+/* The forward-derived schedule (msa_plan::MsaBackwardSchedule), device arrays. The kernels trust
  * the work items (msa_plan::build_backward_tasks checks them on the host). */
 typedef struct MsaTaskBuildInputs {
     const int32_t* row_ptr;                   /* [4, rows + 1] */

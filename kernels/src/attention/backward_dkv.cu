@@ -8,10 +8,13 @@
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
+#include "common/launch.cuh"
 #include "common/varlen.cuh"
-#include "attention/tile_kv_outer.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "attention/mainloop_kv_outer_sm80.cuh"
 
 namespace msa {
 namespace {
@@ -34,15 +37,15 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
     const int lo = row_ptr[pb], hi = row_ptr[pb + 1];
     const int n_half_tiles = hi > lo ? (hi - lo + kSlotsPerHalf - 1) / kSlotsPerHalf : 0;
 
-    // Slot i of half tile j is CSR entry lo + 4 j + i; its low 8 bits of phys_valid are the keys of
-    // this block the query sees.
+    // Slot i of half tile j is CSR entry lo + 4 j + i; the low bits of its phys_valid are the keys
+    // of this block the query sees.
     auto slot_of = [&](int j) {
         return [=](int i) -> SlotInfo {
             const int e = lo + kSlotsPerHalf * j + i;
             if (e >= hi) return invalid_slot();
             const int qrow = phys_q_indices[edges + e];
             if (qrow < 0 || qrow >= varlen.total_q) return invalid_slot();
-            return SlotInfo{qrow, min(phys_valid[edges + e] & 0xff, bk.count)};
+            return SlotInfo{qrow, min(phys_valid[edges + e] & kPhysVisibleMask, bk.count)};
         };
     };
 
@@ -83,20 +86,18 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
     }
 }
 
+cudaError_t backward_dkv_sm80(const MsaAttnBwdParams& p, cudaStream_t stream) {
+    const dim3 grid(p.varlen.padded_kv_blocks, kGroups);
+    return launch_smem(attn_backward_dkv_kernel, grid, kKvOuterThreads, sizeof(KvOuterSmem), stream, p.q, p.k, p.v,
+                       p.dout, p.lse, p.delta, p.phys_row_ptr, p.phys_q_indices, p.phys_valid, p.varlen, p.dk, p.dv);
+}
+
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_backward_dkv(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                     const float* lse, const float* delta, const int32_t* phys_row_ptr,
-                                     const int32_t* phys_q_indices, const int32_t* phys_valid, MsaVarlen varlen,
-                                     uint16_t* dk, uint16_t* dv, void* stream) {
-    if (varlen.padded_kv_blocks <= 0 || varlen.total_k <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::KvOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_backward_dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(varlen.padded_kv_blocks, msa::kGroups);
-    msa::attn_backward_dkv_kernel<<<grid, msa::kKvOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, dout, lse, delta, phys_row_ptr, phys_q_indices, phys_valid, varlen, dk, dv);
-    return cudaGetLastError();
+extern "C" int msa_attn_backward_dkv(const MsaAttnBwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    if (params->varlen.padded_kv_blocks <= 0 || params->varlen.total_k <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::backward_dkv_sm80(*params, s); });
 }

@@ -3,18 +3,21 @@
 // (group, physical block) bucket) as 64-row half tiles: K/V resident per bucket, Q/dO of the next
 // half tile prefetched while the current one finishes, dQ reduced per half tile into
 // dq_accum, dK/dV accumulated in registers per bucket segment and reduced into the fp32
-// workspace pools at its end. The math is tile_kv_outer.cuh, shared with the deterministic
+// workspace pools at its end. The math is mainloop_kv_outer_sm80.cuh, shared with the deterministic
 // dK/dV kernel.
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
+#include "common/launch.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
 #include "attention/task_walk.cuh"
-#include "attention/tile_kv_outer.cuh"
+#include "attention/mainloop_kv_outer_sm80.cuh"
 
 namespace msa {
 namespace {
@@ -125,20 +128,18 @@ __global__ void __launch_bounds__(kKvOuterThreads, 1)
     }
 }
 
+cudaError_t backward_main_sm80(const MsaAttnBwdParams& p, cudaStream_t stream) {
+    return launch_smem(attn_backward_main_kernel, p.grid_launch, kKvOuterThreads, sizeof(KvOuterSmem), stream, p.q,
+                       p.k, p.v, p.dout, p.lse, p.delta, p.task_meta, p.task_qrows, p.task_qpos, p.desc, p.varlen,
+                       p.dq_accum, p.dk_pool, p.dv_pool);
+}
+
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_backward_main(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
-                                      const float* lse, const float* delta, const int32_t* task_meta,
-                                      const int32_t* task_qrows, const int32_t* task_qpos, const int32_t* desc,
-                                      int32_t grid_launch, MsaVarlen varlen, float* dq_accum, float* dk_pool,
-                                      float* dv_pool, void* stream) {
-    if (grid_launch <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::KvOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_backward_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    msa::attn_backward_main_kernel<<<grid_launch, msa::kKvOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, dout, lse, delta, task_meta, task_qrows, task_qpos, desc, varlen, dq_accum, dk_pool, dv_pool);
-    return cudaGetLastError();
+extern "C" int msa_attn_backward_main(const MsaAttnBwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    if (params->grid_launch <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::backward_main_sm80(*params, s); });
 }

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
 #include "common/softmax.cuh"
 
 namespace msa {

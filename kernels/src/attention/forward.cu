@@ -7,15 +7,19 @@
 #include <cuda_runtime.h>
 
 #include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
+#include "common/launch.cuh"
 #include "common/mask.cuh"
-#include "common/ptx.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
 #include "attention/block_union.cuh"
 #include "attention/epilogue_fwd.cuh"
-#include "attention/mainloop_q_outer.cuh"
+#include "attention/mainloop_q_outer_sm80.cuh"
 
 namespace msa {
 namespace {
@@ -91,18 +95,18 @@ __global__ void __launch_bounds__(kQOuterThreads, 1)
     if (active) fwd_epilogue(o, sm, out + head_row * kHeadDim, lse + head_row);
 }
 
+cudaError_t forward_sm80(const MsaAttnFwdParams& p, cudaStream_t stream) {
+    const dim3 grid((p.varlen.total_q + kQueriesPerCta - 1) / kQueriesPerCta, kGroups);
+    return launch_smem(attn_forward_kernel, grid, kQOuterThreads, sizeof(QOuterSmem), stream, p.q, p.k, p.v, p.topk,
+                       p.varlen, p.out, p.lse);
+}
+
 }  // namespace
 }  // namespace msa
 
-extern "C" int msa_attn_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const int32_t* topk,
-                                MsaVarlen varlen, uint16_t* out, float* lse, void* stream) {
-    if (varlen.total_q <= 0) return cudaSuccess;
-    const int smem = static_cast<int>(sizeof(msa::QOuterSmem));
-    cudaError_t err =
-        cudaFuncSetAttribute(msa::attn_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    const dim3 grid((varlen.total_q + msa::kQueriesPerCta - 1) / msa::kQueriesPerCta, msa::kGroups);
-    msa::attn_forward_kernel<<<grid, msa::kQOuterThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        q, k, v, topk, varlen, out, lse);
-    return cudaGetLastError();
+extern "C" int msa_attn_forward(const MsaAttnFwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    if (params->varlen.total_q <= 0) return cudaSuccess;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return msa::dispatch_arch([&] { return msa::forward_sm80(*params, s); });
 }

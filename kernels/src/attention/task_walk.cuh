@@ -1,5 +1,5 @@
 // Tile scheduler of the atomic backward main kernel: the CTA interval of the device task tables
-// (nemo-kernels.md §4.4) and the task rows it walks. A bucket is a maximal run of consecutive rows
+// (nemo-kernels.md §4.4; desc words MSA_DESC_*, msa/abi.h) and the task rows it walks. A bucket is a maximal run of consecutive rows
 // with equal (group, physical kblock); a CTA keeps K/V of the current bucket resident and flushes
 // its dK/dV at every bucket change and at the end of its interval (a bucket split across CTAs is
 // still correct: each part is reduced with atomics).
@@ -7,16 +7,9 @@
 
 #include <cstdint>
 
-namespace msa {
+#include "msa/abi.h"
 
-// Descriptor words written by the task build (nemo-kernels.md §2.3).
-enum TaskDesc : int {
-    kDescNumTaskRows = 0,
-    kDescRowsPerCta = 1,
-    kDescNumFullCtas = 2,
-    kDescTailRows = 3,
-    kDescGridCtas = 4,
-};
+namespace msa {
 
 struct RowInterval {
     int lo, hi;  // [lo, hi), empty when lo >= hi
@@ -25,11 +18,11 @@ struct RowInterval {
 // Full CTAs take rows_per_cta rows each, the following ones tail_rows; CTAs of the launch bound
 // past grid_ctas get nothing. A capacity overflow arrives as num_task_rows = 0.
 __device__ __forceinline__ RowInterval cta_row_interval(const int32_t* __restrict__ desc, int bidx) {
-    const int num_rows = desc[kDescNumTaskRows];
-    const int rows_per_cta = desc[kDescRowsPerCta];
-    const int num_full = desc[kDescNumFullCtas];
-    const int tail_rows = desc[kDescTailRows];
-    const int grid_ctas = desc[kDescGridCtas];
+    const int num_rows = desc[MSA_DESC_NUM_TASK_ROWS];
+    const int rows_per_cta = desc[MSA_DESC_ROWS_PER_CTA];
+    const int num_full = desc[MSA_DESC_NUM_FULL_CTAS];
+    const int tail_rows = desc[MSA_DESC_TAIL_ROWS];
+    const int grid_ctas = desc[MSA_DESC_GRID_CTAS];
     if (bidx >= grid_ctas) return RowInterval{0, 0};
     // 64-bit so that no descriptor value can overflow the interval arithmetic.
     int64_t lo = static_cast<int64_t>(bidx) * rows_per_cta;
@@ -51,8 +44,8 @@ struct TaskRow {
 };
 
 __device__ __forceinline__ TaskRow load_task_row(const int32_t* __restrict__ task_meta, int row) {
-    const int32_t* m = task_meta + static_cast<int64_t>(row) * 4;
-    return TaskRow{m[1], m[2], m[3]};
+    const int32_t* m = task_meta + static_cast<int64_t>(row) * MSA_META_WORDS;
+    return TaskRow{m[MSA_META_HEAD], m[MSA_META_KBLOCK], m[MSA_META_VALID]};
 }
 
 __device__ __forceinline__ bool same_bucket(const TaskRow& a, const TaskRow& b) {

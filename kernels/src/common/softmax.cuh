@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
 
 namespace msa {
 
@@ -56,16 +56,6 @@ struct OnlineSoftmax {
 // -inf (empty selection) maps to +inf so that P = 2^-inf = 0 instead of 2^+inf.
 __device__ __forceinline__ float lse_to_log2(float lse) {
     return lse == -INFINITY ? INFINITY : lse * kLog2e;
-}
-
-// Packs fp32 accumulator n-tiles 2j and 2j+1 (a 16 x 16 block of columns 16j..16j+15) into the
-// bf16 A fragment of k-step j: the C layout of m16n8 tiles is the A layout of m16k16.
-template <int NT>
-__device__ __forceinline__ void acc_to_a(const float (&s)[NT][4], int j, uint32_t (&a)[4]) {
-    a[0] = pack_bf16(s[2 * j][0], s[2 * j][1]);
-    a[1] = pack_bf16(s[2 * j][2], s[2 * j][3]);
-    a[2] = pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]);
-    a[3] = pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3]);
 }
 
 }  // namespace msa

@@ -15,7 +15,7 @@
 
 #include "msa/indexer.h"
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
 #include "common/varlen.cuh"
 
 namespace msa {

@@ -11,43 +11,23 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "common/constants.cuh"
+#include "common/launch.cuh"
+
+namespace msa {
 namespace {
 
-// msa_plan::backward::abi.
-constexpr int kDescWords = 8;
-constexpr int kDescNumTaskRows = 0;
-constexpr int kDescRowsPerCta = 1;
-constexpr int kDescNumFullCtas = 2;
-constexpr int kDescTailRows = 3;
-constexpr int kDescGridCtas = 4;
-constexpr int kDescNumWork = 5;
-constexpr int kDescNumTasks = 6;
-constexpr int kDescFlags = 7;
-constexpr int kFlagCapacityOverflow = 1;
-constexpr int kFlagNoncontiguous = 2;
-constexpr int kDecWords = 3;
-constexpr int kMetaWords = 4;
-constexpr int kTaskQueries = 8;
-constexpr int kLocalityWindow = 512;
-constexpr long long kMaxBins = 1LL << 22;
-constexpr int kIndexHeads = 4;
-constexpr int kBlock = 128;
-constexpr int kWorkWords = 6;
-// msa_plan::backward::walk.
-constexpr int kRowsPerCtaSmall = 4;
-constexpr int kRowsPerCtaSwitch = 2400;
-constexpr int kRowsPerCtaLarge = 64;
-constexpr int kMinTailRows = 3;
+// The ABI words and limits (msa/abi.h, mirrored by msa_plan::backward::{abi, walk}).
+constexpr int kDescWords = MSA_DESC_WORDS;
+constexpr int kDecWords = MSA_DEC_WORDS;
+constexpr int kMetaWords = MSA_META_WORDS;
+constexpr int kLocalityWindow = MSA_LOCALITY_WINDOW;
+constexpr long long kMaxBins = MSA_MAX_BINS;
+constexpr int kWorkWords = MSA_WORK_WORDS;
 
 constexpr int kScanThreads = 1024;  // scan_work, scan_bins: one CTA
 constexpr int kScanItems = 8;       // consecutive items per thread and tile
 constexpr int kThreads = 256;       // assign_segments, scatter_tables
-
-#define MSA_TRY(expr)                        \
-    do {                                     \
-        const cudaError_t err_ = (expr);     \
-        if (err_ != cudaSuccess) return err_; \
-    } while (0)
 
 // Derived sizes and the scratch carve (word offsets).
 struct Sizes {
@@ -72,7 +52,7 @@ __device__ __forceinline__ int div_ceil(int a, int b) { return a / b + (a % b !=
 
 // Tasks of one work item: ceil(q_count / 8).
 __device__ __forceinline__ int item_tasks(const int* meta, int w) {
-    return div_ceil(meta[static_cast<size_t>(w) * kWorkWords + 3], kTaskQueries);
+    return div_ceil(meta[static_cast<size_t>(w) * kWorkWords + MSA_WORK_Q_COUNT], kTaskQueries);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -106,9 +86,9 @@ __global__ void __launch_bounds__(kScanThreads)
         __syncthreads();  // the next tile reuses the scan storage
     }
     if (threadIdx.x == 0) {
-        sc.desc[kDescNumWork] = n;
-        sc.desc[kDescNumTasks] = carry;
-        sc.desc[kDescFlags] = 0;
+        sc.desc[MSA_DESC_NUM_WORK] = n;
+        sc.desc[MSA_DESC_NUM_TASKS] = carry;
+        sc.desc[MSA_DESC_FLAGS] = 0;
     }
     for (int b = threadIdx.x; b < bins; b += kScanThreads) {
         sc.counts[b] = 0;
@@ -127,11 +107,11 @@ struct AssignArgs {
 
 __global__ void __launch_bounds__(kThreads) assign_segments_kernel(AssignArgs a, Scratch sc) {
     const long long thread = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-    const int num_tasks = min(sc.desc[kDescNumTasks], a.capacity);
+    const int num_tasks = min(sc.desc[MSA_DESC_NUM_TASKS], a.capacity);
     if (thread >= num_tasks) return;
     const int task = int(thread);
     // First work item whose inclusive end passes `task` (items without tasks are skipped).
-    int lo = 0, hi = sc.desc[kDescNumWork];
+    int lo = 0, hi = sc.desc[MSA_DESC_NUM_WORK];
     while (lo < hi) {
         const int mid = lo + (hi - lo) / 2;
         if (sc.task_ends[mid] <= task) {
@@ -142,7 +122,8 @@ __global__ void __launch_bounds__(kThreads) assign_segments_kernel(AssignArgs a,
     }
     const int w = lo;
     const int* m = a.in.scheduler_metadata + static_cast<size_t>(w) * kWorkWords;
-    const int head = m[0], row = m[1], q_begin = m[2], q_count = m[3], doc = m[4], kb_local = m[5];
+    const int head = m[MSA_WORK_HEAD], row = m[MSA_WORK_ROW], q_begin = m[MSA_WORK_Q_BEGIN];
+    const int q_count = m[MSA_WORK_Q_COUNT], doc = m[MSA_WORK_FRAGMENT], kb_local = m[MSA_WORK_KBLOCK];
     const int first_task = sc.task_ends[w] - div_ceil(q_count, kTaskQueries);
     const int query_offset = (task - first_task) * kTaskQueries;
     const int valid = min(q_count - query_offset, kTaskQueries);
@@ -155,9 +136,9 @@ __global__ void __launch_bounds__(kThreads) assign_segments_kernel(AssignArgs a,
     const int seg = (head * a.num_windows + first_query / kLocalityWindow) * a.num_kblocks + kblock;
     sc.task_segments[task] = seg;
     int* dec = sc.decode + static_cast<size_t>(task) * kDecWords;
-    dec[0] = valid;
-    dec[1] = edge_start;
-    dec[2] = doc;
+    dec[MSA_DEC_VALID] = valid;
+    dec[MSA_DEC_EDGE] = edge_start;
+    dec[MSA_DEC_DOC] = doc;
     atomicAdd(&sc.counts[seg], 1);
     atomicMin(&sc.first[seg], task);
     atomicMax(&sc.last[seg], task);
@@ -195,7 +176,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_bins_kernel(int bins, Scrat
         carry += tile_total;
         __syncthreads();
     }
-    if (noncontiguous) atomicOr(&sc.desc[kDescFlags], kFlagNoncontiguous);
+    if (noncontiguous) atomicOr(&sc.desc[MSA_DESC_FLAGS], MSA_FLAG_NONCONTIGUOUS_SEGMENTS);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,14 +192,14 @@ struct ScatterArgs {
 
 // msa_plan::backward::walk::{rows_per_cta, chunk_map}: desc[0..5).
 __device__ void write_walk(int num_rows, int num_sms, int* desc) {
-    const int rpc = num_rows <= kRowsPerCtaSwitch ? kRowsPerCtaSmall : kRowsPerCtaLarge;
+    const int rpc = num_rows <= MSA_ROWS_PER_CTA_SWITCH ? MSA_ROWS_PER_CTA_SMALL : MSA_ROWS_PER_CTA_LARGE;
     const int num_chunks = div_ceil(num_rows, rpc);
     const int num_full = min((num_chunks / num_sms) * num_sms, num_rows / rpc);
     const int rows_left = num_rows - num_full * rpc;
     int full = num_full, tail = 1, grid = num_full;
     if (rows_left != 0) {
         tail = div_ceil(rows_left, num_sms);
-        if (tail < kMinTailRows) {
+        if (tail < MSA_MIN_TAIL_ROWS) {
             full = 0;
             tail = rpc;
             grid = num_chunks;
@@ -226,11 +207,11 @@ __device__ void write_walk(int num_rows, int num_sms, int* desc) {
             grid = num_full + div_ceil(rows_left, tail);
         }
     }
-    desc[kDescNumTaskRows] = num_rows;
-    desc[kDescRowsPerCta] = rpc;
-    desc[kDescNumFullCtas] = full;
-    desc[kDescTailRows] = tail;
-    desc[kDescGridCtas] = grid;
+    desc[MSA_DESC_NUM_TASK_ROWS] = num_rows;
+    desc[MSA_DESC_ROWS_PER_CTA] = rpc;
+    desc[MSA_DESC_NUM_FULL_CTAS] = full;
+    desc[MSA_DESC_TAIL_ROWS] = tail;
+    desc[MSA_DESC_GRID_CTAS] = grid;
 }
 
 __global__ void __launch_bounds__(kThreads) scatter_tables_kernel(ScatterArgs a, Scratch sc) {
@@ -239,19 +220,24 @@ __global__ void __launch_bounds__(kThreads) scatter_tables_kernel(ScatterArgs a,
                              static_cast<long long>(INT_MAX)));
     // Task 0's thread adds only FLAG_CAPACITY_OVERFLOW to this word, so every thread reads the
     // same FLAG_NONCONTIGUOUS_SEGMENTS bit whichever value it sees.
-    const int flags = sc.desc[kDescFlags];
-    const int total = sc.desc[kDescNumTasks];
+    const int flags = sc.desc[MSA_DESC_FLAGS];
+    const int total = sc.desc[MSA_DESC_NUM_TASKS];
     if (task < min(total, a.capacity)) {
         const int seg = sc.task_segments[task];
-        const int row = (flags & kFlagNoncontiguous) ? task : sc.offsets[seg] + task - sc.first[seg];
+        const int row =
+            (flags & MSA_FLAG_NONCONTIGUOUS_SEGMENTS) ? task : sc.offsets[seg] + task - sc.first[seg];
         const int kblock = seg % a.num_kblocks;
         const int head = seg / a.num_kblocks / a.num_windows;
         const int* dec = sc.decode + static_cast<size_t>(task) * kDecWords;
-        const int valid = dec[0], edge = dec[1], doc = dec[2];
+        const int valid = dec[MSA_DEC_VALID], edge = dec[MSA_DEC_EDGE], doc = dec[MSA_DEC_DOC];
+        static_assert(MSA_META_WORDS == 4 && MSA_META_BATCH == 0 && MSA_META_HEAD == 1 &&
+                          MSA_META_KBLOCK == 2 && MSA_META_VALID == 3,
+                      "one int4 store writes the meta row (0, head, kblock, valid)");
         reinterpret_cast<int4*>(a.meta)[row] = make_int4(0, head, kblock, valid);
         const int cu = a.in.cu_seqlens[doc];
         const int pos_base = a.in.document_workspace_starts[doc] + a.in.query_offsets[doc];
         const int* queries = a.in.q_indices + static_cast<size_t>(head) * a.edge_capacity + edge;
+        static_assert(kTaskQueries == 8, "two int4 stores write a task row's 8 slots");
         int qr[kTaskQueries], qp[kTaskQueries];
 #pragma unroll
         for (int s = 0; s < kTaskQueries; ++s) {
@@ -270,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) scatter_tables_kernel(ScatterArgs a,
         // Overflow: a contract violation; no CTA walks (zero gradients) and flag 1 says why.
         const bool overflow = total > a.capacity;
         write_walk(overflow ? 0 : total, a.num_sms, sc.desc);
-        if (overflow) sc.desc[kDescFlags] = flags | kFlagCapacityOverflow;
+        if (overflow) sc.desc[MSA_DESC_FLAGS] = flags | MSA_FLAG_CAPACITY_OVERFLOW;
     }
 }
 
@@ -290,7 +276,8 @@ bool derive_sizes(const MsaTaskBuildShape& s, Sizes* z) {
     const long long kblocks = s.workspace_rows / kBlock;
     const long long bins = kIndexHeads * windows * (kblocks > 1 ? kblocks : 1);
     if (bins > kMaxBins || capacity > INT_MAX) return false;
-    const long long scratch = kDescWords + s.work_capacity + capacity + 4 * bins + kDecWords * capacity;
+    const long long scratch =
+        kDescWords + s.work_capacity + capacity + MSA_BIN_ROWS * bins + kDecWords * capacity;
     const long long tables = capacity * (kMetaWords + 2 * kTaskQueries);
     if (scratch > INT_MAX || tables > INT_MAX) return false;
     z->rows = s.rows;
@@ -305,7 +292,7 @@ bool derive_sizes(const MsaTaskBuildShape& s, Sizes* z) {
     z->task_ends = kDescWords;
     z->task_segments = z->task_ends + size_t(s.work_capacity);
     z->bins_at = z->task_segments + size_t(capacity);
-    z->task_decode = z->bins_at + 4 * size_t(bins);
+    z->task_decode = z->bins_at + MSA_BIN_ROWS * size_t(bins);
     z->scratch_words = size_t(scratch);
     z->task_qrows = size_t(capacity) * kMetaWords;
     z->task_qpos = z->task_qrows + size_t(capacity) * kTaskQueries;
@@ -313,15 +300,13 @@ bool derive_sizes(const MsaTaskBuildShape& s, Sizes* z) {
     return true;
 }
 
-}  // namespace
-
-extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShape shape,
-                                     int32_t* scratch, size_t scratch_words, int32_t* tables,
-                                     size_t table_words, void* stream) {
+// The four launches after the -1 fill (sizes checked first: nothing is enqueued otherwise).
+cudaError_t task_build_tables(const MsaTaskBuildInputs& inputs, const MsaTaskBuildShape& shape, int32_t* scratch,
+                              size_t scratch_words, int32_t* tables, size_t table_words, void* stream) {
     Sizes z;
     if (!derive_sizes(shape, &z) || scratch == nullptr || tables == nullptr ||
         scratch_words != z.scratch_words || table_words != z.table_words ||
-        reinterpret_cast<uintptr_t>(tables) % 16 != 0) {
+        !aligned16(tables)) {
         return cudaErrorInvalidValue;
     }
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -332,15 +317,14 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     sc.desc = scratch;
     sc.task_ends = scratch + z.task_ends;
     sc.task_segments = scratch + z.task_segments;
-    sc.counts = scratch + z.bins_at;
-    sc.first = sc.counts + z.bins;
-    sc.last = sc.first + z.bins;
-    sc.offsets = sc.last + z.bins;
+    sc.counts = scratch + z.bins_at + MSA_BIN_COUNTS * z.bins;
+    sc.first = scratch + z.bins_at + MSA_BIN_FIRST_TASKS * z.bins;
+    sc.last = scratch + z.bins_at + MSA_BIN_LAST_TASKS * z.bins;
+    sc.offsets = scratch + z.bins_at + MSA_BIN_OFFSETS * z.bins;
     sc.decode = scratch + z.task_decode;
 
-    scan_work_kernel<<<1, kScanThreads, 0, s>>>(inputs.scheduler_metadata, inputs.work_count,
-                                                z.work_capacity, z.bins, sc);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(launch(scan_work_kernel, 1, kScanThreads, s, inputs.scheduler_metadata, inputs.work_count,
+                   z.work_capacity, z.bins, sc));
 
     const unsigned task_grid = unsigned((z.capacity + kThreads - 1) / kThreads);
     AssignArgs aa;
@@ -350,11 +334,9 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     aa.capacity = z.capacity;
     aa.num_windows = z.num_windows;
     aa.num_kblocks = z.num_kblocks;
-    assign_segments_kernel<<<task_grid, kThreads, 0, s>>>(aa, sc);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(launch(assign_segments_kernel, task_grid, kThreads, s, aa, sc));
 
-    scan_bins_kernel<<<1, kScanThreads, 0, s>>>(z.bins, sc);
-    MSA_TRY(cudaGetLastError());
+    MSA_TRY(launch(scan_bins_kernel, 1, kScanThreads, s, z.bins, sc));
 
     ScatterArgs sa;
     sa.in = inputs;
@@ -366,6 +348,13 @@ extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShap
     sa.meta = tables;
     sa.qrows = tables + z.task_qrows;
     sa.qpos = tables + z.task_qpos;
-    scatter_tables_kernel<<<task_grid, kThreads, 0, s>>>(sa, sc);
-    return cudaGetLastError();
+    return launch(scatter_tables_kernel, task_grid, kThreads, s, sa, sc);
+}
+
+}  // namespace
+}  // namespace msa
+
+extern "C" int msa_task_build_tables(MsaTaskBuildInputs inputs, MsaTaskBuildShape shape, int32_t* scratch,
+                                     size_t scratch_words, int32_t* tables, size_t table_words, void* stream) {
+    return msa::task_build_tables(inputs, shape, scratch, scratch_words, tables, table_words, stream);
 }

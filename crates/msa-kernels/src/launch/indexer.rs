@@ -15,38 +15,29 @@ pub fn workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
     Ok(bytes)
 }
 
-/// `topk` (i32 `[4, T, 16]`) and `lse` (f32 `[4, T]`) of `qi` (bf16 `[T, 4, 128]`) against `ki`
-/// (bf16 `[Tk, 1, 128]`), every element written.
+/// `params.topk` (i32 `[4, T, 16]`) and `params.lse` (f32 `[4, T]`) of `params.qi` (bf16
+/// `[T, 4, 128]`) against `params.ki` (bf16 `[Tk, 1, 128]`), every element written.
 ///
 /// # Safety
-/// Every address must be a 16-byte-aligned device allocation of the documented size in the
-/// current context, `varlen` must describe live device arrays of one layout, `workspace` must hold
-/// `workspace_bytes` (at least [`workspace_bytes`]) and be 256-byte aligned, and `stream` must
-/// belong to that context (or be null).
-#[allow(clippy::too_many_arguments)]
+/// Every pointer of `params` must be a 16-byte-aligned device allocation of the documented size
+/// in the current context, `params.varlen` must describe live device arrays of one layout,
+/// `workspace` must hold `workspace_bytes` (at least [`workspace_bytes`]) and be 256-byte
+/// aligned, and `stream` must belong to that context (or be null).
 pub unsafe fn forward(
-    qi: DevicePtr,
-    ki: DevicePtr,
-    varlen: sys::MsaVarlen,
-    topk: DevicePtr,
-    lse: DevicePtr,
+    params: &sys::MsaIndexerParams,
     workspace: DevicePtr,
     workspace_bytes: usize,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_indexer_forward",
+    // SAFETY: the caller upholds this function's contract; `params` outlives the call.
+    KernelError::check("msa_indexer_forward", unsafe {
         sys::msa_indexer_forward(
-            qi as *const u16,
-            ki as *const u16,
-            varlen,
-            topk as *mut i32,
-            lse as *mut f32,
+            params,
             workspace as *mut std::ffi::c_void,
             workspace_bytes,
             stream,
-        ),
-    )
+        )
+    })
 }
 
 /// `lse` (f32 `[4, T]`, written in full) of `qi` (bf16 `[T, 4, 128]`) against `ki` (bf16
@@ -65,8 +56,8 @@ pub unsafe fn selection_lse(
     lse: DevicePtr,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_indexer_selection_lse",
+    // SAFETY: the caller upholds the contract above, which is the launcher's.
+    let code = unsafe {
         sys::msa_indexer_selection_lse(
             qi as *const u16,
             ki as *const u16,
@@ -74,6 +65,7 @@ pub unsafe fn selection_lse(
             varlen,
             lse as *mut f32,
             stream,
-        ),
-    )
+        )
+    };
+    KernelError::check("msa_indexer_selection_lse", code)
 }

@@ -14,65 +14,28 @@ pub fn workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
     Ok(bytes)
 }
 
-/// The KL's inputs, device addresses (T = `varlen.total_q`, Tk = `varlen.total_k`).
-#[derive(Debug, Clone, Copy)]
-pub struct KlInputs {
-    /// bf16 `[T, 64, 128]`, the attention's q.
-    pub q: DevicePtr,
-    /// bf16 `[Tk, 4, 128]`, the attention's k.
-    pub k: DevicePtr,
-    /// f32 `[T, 64]`, the attention forward's natural-log LSE.
-    pub teacher_lse: DevicePtr,
-    /// bf16 `[T, 4, 128]`.
-    pub qi: DevicePtr,
-    /// bf16 `[Tk, 1, 128]`.
-    pub ki: DevicePtr,
-    /// f32 `[4, T]`, the logsumexp of the index scores over the same token sets.
-    pub indexer_lse: DevicePtr,
-    /// i32 `[4, T, 16]`, the validated selection the CSR was built from.
-    pub topk: DevicePtr,
-}
-
-/// `dqi` (bf16 `[T, 4, 128]`) and `dki` (bf16 `[Tk, 1, 128]`), every element written.
+/// `params.dqi` (bf16 `[T, 4, 128]`) and `params.dki` (bf16 `[Tk, 1, 128]`), every element
+/// written (T = `varlen.total_q`, Tk = `varlen.total_k`).
 ///
 /// # Safety
-/// Every address must be a 16-byte-aligned device allocation of the documented size in the
-/// current context, `csr` must be `prepare`'s physical CSR of `inputs.topk` for this layout,
-/// `varlen` must describe live device arrays of that layout, `workspace` must hold
-/// `workspace_bytes` (at least [`workspace_bytes`]) and be 256-byte aligned, and `stream` must
-/// belong to that context (or be null).
-#[allow(clippy::too_many_arguments)]
+/// Every pointer of `params` must be a 16-byte-aligned device allocation of the size `kl.h`
+/// gives it in the current context, its physical CSR must be `prepare`'s of `params.topk` for
+/// this layout, `params.varlen` must describe live device arrays of that layout, `workspace`
+/// must hold `workspace_bytes` (at least [`workspace_bytes`]) and be 256-byte aligned, and
+/// `stream` must belong to that context (or be null).
 pub unsafe fn backward(
-    inputs: &KlInputs,
-    csr: &super::attention::PhysicalCsr,
-    varlen: sys::MsaVarlen,
-    loss_coeff: f32,
-    dqi: DevicePtr,
-    dki: DevicePtr,
+    params: &sys::MsaKlParams,
     workspace: DevicePtr,
     workspace_bytes: usize,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_kl_backward",
+    // SAFETY: the caller upholds this function's contract; `params` outlives the call.
+    KernelError::check("msa_kl_backward", unsafe {
         sys::msa_kl_backward(
-            inputs.q as *const u16,
-            inputs.k as *const u16,
-            inputs.teacher_lse as *const f32,
-            inputs.qi as *const u16,
-            inputs.ki as *const u16,
-            inputs.indexer_lse as *const f32,
-            inputs.topk as *const i32,
-            csr.row_ptr as *const i32,
-            csr.q_indices as *const i32,
-            csr.valid as *const i32,
-            varlen,
-            loss_coeff,
-            dqi as *mut u16,
-            dki as *mut u16,
+            params,
             workspace as *mut std::ffi::c_void,
             workspace_bytes,
             stream,
-        ),
-    )
+        )
+    })
 }

@@ -14,7 +14,6 @@ pub type Stream = *mut std::ffi::c_void;
 pub mod attention;
 pub mod indexer;
 pub mod kl;
-pub mod pre_post;
 pub mod prepare;
 pub mod task_build;
 pub mod util;

@@ -10,10 +10,10 @@ use crate::{sys, KernelError};
 /// A CUDA context must be current on the calling thread (CUB reads the device's properties).
 pub unsafe fn workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
     let mut bytes = 0usize;
-    KernelError::check(
-        "msa_prepare_workspace_bytes",
-        sys::msa_prepare_workspace_bytes(varlen, &mut bytes),
-    )?;
+    // SAFETY: the launcher reads only the size fields of `varlen` and writes `bytes`; the caller
+    // made a context current.
+    let code = unsafe { sys::msa_prepare_workspace_bytes(varlen, &mut bytes) };
+    KernelError::check("msa_prepare_workspace_bytes", code)?;
     Ok(bytes)
 }
 
@@ -36,8 +36,8 @@ pub unsafe fn metadata(
     workspace_bytes: usize,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_prepare_metadata",
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_prepare_metadata", unsafe {
         sys::msa_prepare_metadata(
             topk as *const i32,
             varlen,
@@ -47,6 +47,6 @@ pub unsafe fn metadata(
             workspace as *mut std::ffi::c_void,
             workspace_bytes,
             stream,
-        ),
-    )
+        )
+    })
 }

@@ -20,8 +20,8 @@ pub unsafe fn tables(
     table_words: usize,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_task_build_tables",
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_task_build_tables", unsafe {
         sys::msa_task_build_tables(
             inputs,
             shape,
@@ -30,6 +30,6 @@ pub unsafe fn tables(
             tables as *mut i32,
             table_words,
             stream,
-        ),
-    )
+        )
+    })
 }

@@ -22,10 +22,10 @@ pub unsafe fn fill_u32(
     value: u32,
     stream: Stream,
 ) -> Result<(), KernelError> {
-    KernelError::check(
-        "msa_util_fill_u32",
-        sys::msa_util_fill_u32(out as *mut u32, n, value, stream),
-    )
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_util_fill_u32", unsafe {
+        sys::msa_util_fill_u32(out as *mut u32, n, value, stream)
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Word layout of the backward task-build buffers (nemo-kernels §2.3, §5.2): the device kernels
-//! and [`super::task_build`] read and write exactly these positions.
+//! and [`super::task_build`] read and write exactly these positions. The device side takes them
+//! from `kernels/include/msa/abi.h` (`MSA_*`); `msa::cuda`'s compile-time check and the
+//! `abi_header` test keep the two equal.
 //!
 //! Fill convention (msa-rs, stricter than NeMo's uninitialized `torch.empty`): the caller sets
 //! every word of the scratch and table buffers to [`TABLE_FILL`] (`cudaMemset(.., 0xFF, ..)`)

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use msa_kernels::launch::attention::{BackwardInputs, PhysicalCsr, TaskTables};
+use msa_kernels::sys;
 use msa_plan::backward::abi::{DESC_WORDS, META_WORDS, TASK_QUERIES};
 
 use super::layout::Shape;
@@ -32,17 +32,20 @@ impl BackwardTensors<'_> {
         layout.check("delta", self.delta, Shape::QueryHeads)
     }
 
-    /// Device addresses. With event tracking off (one stream orders everything) the guards of
-    /// `device_ptr` record nothing, so the addresses may outlive them.
-    fn ptrs(&self, msa: &CudaMsa) -> BackwardInputs {
+    /// The backward parameters with these inputs and `varlen` (the other fields null). With
+    /// event tracking off (one stream orders everything) the guards of `device_ptr` record
+    /// nothing, so the addresses may outlive them.
+    fn params(&self, msa: &CudaMsa, varlen: sys::MsaVarlen) -> sys::MsaAttnBwdParams {
         let s = msa.stream();
-        BackwardInputs {
-            q: self.q.device_ptr(s).0,
-            k: self.k.device_ptr(s).0,
-            v: self.v.device_ptr(s).0,
-            dout: self.dout.device_ptr(s).0,
-            lse: self.lse.device_ptr(s).0,
-            delta: self.delta.device_ptr(s).0,
+        sys::MsaAttnBwdParams {
+            q: self.q.device_ptr(s).0 as *const u16,
+            k: self.k.device_ptr(s).0 as *const u16,
+            v: self.v.device_ptr(s).0 as *const u16,
+            dout: self.dout.device_ptr(s).0 as *const u16,
+            lse: self.lse.device_ptr(s).0 as *const f32,
+            delta: self.delta.device_ptr(s).0 as *const f32,
+            varlen,
+            ..Default::default()
         }
     }
 }
@@ -101,33 +104,26 @@ pub(crate) fn launch_backward_main(
 
     let s = msa.stream();
     let varlen = layout.varlen(msa);
-    let ins = inputs.ptrs(msa);
     let (tables, _gt) = tasks.tables.device_ptr(s);
     let (scratch, _gs) = tasks.scratch.device_ptr(s);
     let word = std::mem::size_of::<i32>() as u64;
-    let tt = TaskTables {
-        meta: tables,
-        qrows: tables + (cap * META_WORDS) as u64 * word,
-        qpos: tables + (cap * (META_WORDS + TASK_QUERIES)) as u64 * word,
-        desc: scratch,
-        grid_launch,
-    };
     let (dq, _gq) = acc.dq.device_ptr_mut(s);
     let (dk, _gk) = acc.dk_pool.device_ptr_mut(s);
     let (dv, _gv) = acc.dv_pool.device_ptr_mut(s);
+    let params = sys::MsaAttnBwdParams {
+        task_meta: tables as *const i32,
+        task_qrows: (tables + (cap * META_WORDS) as u64 * word) as *const i32,
+        task_qpos: (tables + (cap * (META_WORDS + TASK_QUERIES)) as u64 * word) as *const i32,
+        desc: scratch as *const i32,
+        grid_launch,
+        dq_accum: dq as *mut f32,
+        dk_pool: dk as *mut f32,
+        dv_pool: dv as *mut f32,
+        ..inputs.params(msa, varlen)
+    };
     // SAFETY: lengths checked above; the table sub-ranges lie inside `tables`; every buffer is a
     // live allocation of this context and the stream is the context's.
-    unsafe {
-        msa_kernels::launch::attention::backward_main(
-            &ins,
-            &tt,
-            varlen,
-            dq,
-            dk,
-            dv,
-            msa.raw_stream(),
-        )?
-    };
+    unsafe { msa_kernels::launch::attention::backward_main(&params, msa.raw_stream())? };
     Ok(())
 }
 
@@ -174,24 +170,28 @@ pub(crate) fn launch_backward_deterministic(
 
     let s = msa.stream();
     let varlen = layout.varlen(msa);
-    let ins = inputs.ptrs(msa);
     let (topk, _gt) = topk.device_ptr(s);
     let (row_ptr, _gr) = csr.row_ptr.device_ptr(s);
     let (q_indices, _gi) = csr.q_indices.device_ptr(s);
     let (valid, _gv) = csr.valid.device_ptr(s);
-    let pc = PhysicalCsr {
-        row_ptr,
-        q_indices,
-        valid,
-    };
     let (dq, _gq) = grads.dq.device_ptr_mut(s);
     let (dk, _gk) = grads.dk.device_ptr_mut(s);
     let (dv, _gw) = grads.dv.device_ptr_mut(s);
+    let params = sys::MsaAttnBwdParams {
+        topk: topk as *const i32,
+        dq: dq as *mut u16,
+        phys_row_ptr: row_ptr as *const i32,
+        phys_q_indices: q_indices as *const i32,
+        phys_valid: valid as *const i32,
+        dk: dk as *mut u16,
+        dv: dv as *mut u16,
+        ..inputs.params(msa, varlen)
+    };
     // SAFETY: lengths checked above; every buffer is a live allocation of this context and the
     // stream is the context's.
     unsafe {
-        msa_kernels::launch::attention::backward_dq(&ins, topk, varlen, dq, msa.raw_stream())?;
-        msa_kernels::launch::attention::backward_dkv(&ins, &pc, varlen, dk, dv, msa.raw_stream())?;
+        msa_kernels::launch::attention::backward_dq(&params, msa.raw_stream())?;
+        msa_kernels::launch::attention::backward_dkv(&params, msa.raw_stream())?;
     }
     Ok(())
 }

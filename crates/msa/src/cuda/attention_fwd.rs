@@ -2,6 +2,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
+use msa_kernels::sys;
 
 use super::layout::Shape;
 use super::{CudaMsa, DeviceLayout};
@@ -41,10 +42,17 @@ pub(crate) fn launch_forward(
     let (topk, _gt) = inputs.topk.device_ptr(s);
     let (out, _go) = out.device_ptr_mut(s);
     let (lse, _gl) = lse.device_ptr_mut(s);
+    let params = sys::MsaAttnFwdParams {
+        q: q as *const u16,
+        k: k as *const u16,
+        v: v as *const u16,
+        topk: topk as *const i32,
+        varlen,
+        out: out as *mut u16,
+        lse: lse as *mut f32,
+    };
     // SAFETY: every buffer is a live allocation of this context with the length checked above,
     // `varlen` points into `layout`'s live arrays, and the stream is the context's.
-    unsafe {
-        msa_kernels::launch::attention::forward(q, k, v, topk, varlen, out, lse, msa.raw_stream())?
-    };
+    unsafe { msa_kernels::launch::attention::forward(&params, msa.raw_stream())? };
     Ok(())
 }

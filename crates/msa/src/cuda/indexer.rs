@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use msa_kernels::launch;
+use msa_kernels::{launch, sys};
 use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
 
 use super::layout::Shape;
@@ -41,13 +41,18 @@ impl CudaMsa {
             let (ws, _gw) = workspace.device_ptr(s);
             let (topk, _gt) = topk.device_ptr_mut(s);
             let (lse, _gl) = lse.device_ptr_mut(s);
+            let params = sys::MsaIndexerParams {
+                qi: qi as *const u16,
+                ki: ki as *const u16,
+                varlen,
+                topk: topk as *mut i32,
+                lse: lse as *mut f32,
+            };
             // SAFETY: qi, ki, topk and lse have the lengths checked or allocated above, the
             // workspace holds `bytes` (cudarc allocations are 256-byte aligned), `varlen` points
             // into `layout`'s live arrays and the stream is the context's. Dropping the
             // workspace after the launch is safe: cudarc frees in stream order.
-            unsafe {
-                launch::indexer::forward(qi, ki, varlen, topk, lse, ws, bytes, self.raw_stream())?
-            };
+            unsafe { launch::indexer::forward(&params, ws, bytes, self.raw_stream())? };
         }
         Ok((topk, lse))
     }

@@ -3,9 +3,7 @@
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
-use msa_kernels::launch;
-use msa_kernels::launch::attention::PhysicalCsr;
-use msa_kernels::launch::kl::KlInputs as KernelInputs;
+use msa_kernels::{launch, sys};
 use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS};
 
 use super::attention_bwd::DevicePhysicalCsr;
@@ -96,41 +94,31 @@ pub(crate) fn launch_kl_backward(
     // SAFETY: scratch; the kernels write every word they read.
     let workspace = unsafe { msa.stream().alloc::<u8>(bytes.max(1))? };
     let s = msa.stream();
-    // With event tracking off (one stream orders everything) the guards record nothing, so the
-    // addresses may outlive them.
-    let ins = KernelInputs {
-        q: inputs.q.device_ptr(s).0,
-        k: inputs.k.device_ptr(s).0,
-        teacher_lse: inputs.teacher_lse.device_ptr(s).0,
-        qi: inputs.qi.device_ptr(s).0,
-        ki: inputs.ki.device_ptr(s).0,
-        indexer_lse: inputs.indexer_lse.device_ptr(s).0,
-        topk: topk.device_ptr(s).0,
-    };
-    let pc = PhysicalCsr {
-        row_ptr: csr.row_ptr.device_ptr(s).0,
-        q_indices: csr.q_indices.device_ptr(s).0,
-        valid: csr.valid.device_ptr(s).0,
-    };
     let (ws, _gw) = workspace.device_ptr(s);
     let (dqi, _gq) = dqi.device_ptr_mut(s);
     let (dki, _gk) = dki.device_ptr_mut(s);
+    // With event tracking off (one stream orders everything) the guards record nothing, so the
+    // addresses may outlive them.
+    let params = sys::MsaKlParams {
+        q: inputs.q.device_ptr(s).0 as *const u16,
+        k: inputs.k.device_ptr(s).0 as *const u16,
+        teacher_lse: inputs.teacher_lse.device_ptr(s).0 as *const f32,
+        qi: inputs.qi.device_ptr(s).0 as *const u16,
+        ki: inputs.ki.device_ptr(s).0 as *const u16,
+        indexer_lse: inputs.indexer_lse.device_ptr(s).0 as *const f32,
+        topk: topk.device_ptr(s).0 as *const i32,
+        phys_row_ptr: csr.row_ptr.device_ptr(s).0 as *const i32,
+        phys_q_indices: csr.q_indices.device_ptr(s).0 as *const i32,
+        phys_valid: csr.valid.device_ptr(s).0 as *const i32,
+        varlen,
+        loss_coeff,
+        dqi: dqi as *mut u16,
+        dki: dki as *mut u16,
+    };
     // SAFETY: every buffer has the length checked above and is a live allocation of this
     // context, the workspace holds `bytes` (256-byte aligned), `varlen` points into `layout`'s
     // live arrays and the stream is the context's. Dropping the workspace after the launch is
     // safe: cudarc frees in stream order.
-    unsafe {
-        launch::kl::backward(
-            &ins,
-            &pc,
-            varlen,
-            loss_coeff,
-            dqi,
-            dki,
-            ws,
-            bytes,
-            msa.raw_stream(),
-        )?
-    };
+    unsafe { launch::kl::backward(&params, ws, bytes, msa.raw_stream())? };
     Ok(())
 }

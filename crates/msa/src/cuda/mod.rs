@@ -8,6 +8,7 @@
 //! [`CudaMsa::indexer_forward`] and [`CudaMsa::selection_lse`] (`indexer.rs`), and
 //! [`CudaMsa::kl_backward`] (`kl.rs`).
 
+mod abi_check;
 mod attention;
 mod attention_bwd;
 mod attention_fwd;
@@ -60,6 +61,7 @@ impl CudaMsa {
         let device = msa_probe::kernels_available(ordinal, msa_kernels::built_archs())?;
         let ctx = CudaContext::new(ordinal)?;
         // One stream orders every launch and copy, so cudarc's per-buffer events add nothing.
+        // SAFETY: every launch and copy goes through the one stream below, which orders them.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         Ok(Self {
@@ -124,6 +126,7 @@ impl CudaMsa {
         let bytes = buf.num_bytes();
         debug_assert_eq!(bytes % 4, 0, "poisoned buffers hold whole 32-bit words");
         let (ptr, _g) = buf.device_ptr(&self.stream);
+        // SAFETY: `ptr` addresses `bytes` bytes of a live allocation on this context's stream.
         unsafe { msa_kernels::launch::util::fill_u32(ptr, bytes / 4, T::WORD, self.raw_stream())? };
         Ok(())
     }

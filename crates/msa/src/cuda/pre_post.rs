@@ -28,7 +28,7 @@ impl CudaMsa {
         let s = self.stream();
         // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
         unsafe {
-            launch::pre_post::delta(
+            launch::attention::backward_preprocess(
                 dptr(out, s),
                 dptr(dout, s),
                 t as i32,
@@ -51,7 +51,7 @@ impl CudaMsa {
         let s = self.stream();
         // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
         unsafe {
-            launch::pre_post::dq(
+            launch::attention::backward_postprocess_dq(
                 dptr(dq_accum, s),
                 layout.host().total_q() as i32,
                 dptr(dq, s),
@@ -79,7 +79,7 @@ impl CudaMsa {
         // SAFETY: sizes checked above; the layout's block tables are device arrays of
         // padded_kv_blocks entries (the launcher rejects misaligned pointers).
         unsafe {
-            launch::pre_post::dkv(
+            launch::attention::backward_postprocess_dkv(
                 dptr(dk_pool, s),
                 dptr(dv_pool, s),
                 layout.varlen(self),

@@ -234,15 +234,18 @@ impl CudaMsa {
             tables: self.output(sizes.table_words)?,
         };
         let s = self.stream();
-        launch::task_build::tables(
-            inputs,
-            sys_shape,
-            dptr(&tables.scratch, s),
-            sizes.scratch_words,
-            dptr(&tables.tables, s),
-            sizes.table_words,
-            self.raw_stream(),
-        )?;
+        // SAFETY: the caller's contract (arrays of `shape`'s sizes) plus the buffers sized above.
+        unsafe {
+            launch::task_build::tables(
+                inputs,
+                sys_shape,
+                dptr(&tables.scratch, s),
+                sizes.scratch_words,
+                dptr(&tables.tables, s),
+                sizes.table_words,
+                self.raw_stream(),
+            )?
+        };
         Ok(tables)
     }
 }

@@ -1,6 +1,6 @@
-// Shared-memory tiles of bf16 rows with 128 columns (256 bytes), the one tile shape of the
-// attention kernels: K and V blocks [128 keys][128 d], Q and dO slabs [rows][128 d], P and dS
-// [rows][128 keys].
+// Shared-memory tiles of the sm_80 path (filled by cp.async, read by ldmatrix): bf16 rows with
+// 128 columns (256 bytes), the one tile shape of the mma kernels: K and V blocks
+// [128 keys][128 d], Q and dO slabs [rows][128 d], P and dS [rows][128 keys].
 //
 // Swizzle: a row is 16 chunks of 16 bytes and chunk c of row r is stored at chunk c ^ (r % 8).
 // Rows are 256 bytes apart, so every row starts at bank 0; the XOR spreads the 8 rows that one
@@ -12,7 +12,9 @@
 
 #include <cstdint>
 
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
 
 namespace msa {
 
@@ -44,7 +46,7 @@ __device__ __forceinline__ void tile_load_async(uint32_t tile, RowSrc&& row_src,
     }
 }
 
-// ---- mma operand fragments from a tile (see ptx.cuh for the fragment layouts) ----
+// ---- mma operand fragments from a tile (see sm80/mma.cuh for the fragment layouts) ----
 // Each helper issues one ldmatrix.x4; m0, n0, k0 are multiples of 8 (16 for k0 of A).
 
 // A (16x16) at rows m0.., k-columns k0.. of a tile that stores A[m][k] (k contiguous).

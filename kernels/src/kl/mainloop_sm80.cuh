@@ -1,55 +1,30 @@
-// KL backward of the index branch (contract §3.2), KV-outer like MSA's own kernel and
-// deterministic without atomics.
-//
-// Why KV-outer: the teacher t(j) (16 heads x the block's keys per (query, group)) is the whole
-// cost. Query-outer, a CTA of 8 queries walks the union of their selections; with indexer
-// selections (near-random blocks per query) that union is ~8 x 16 blocks and each warp works on
-// one block in eight. Per physical block the (query, group) pairs that selected it fill whole mma
-// tiles instead, and a work item of at most 512 pairs bounds every CTA, sink blocks included.
-//
-//   items  one CTA lays out the work items: per physical block, its 4 groups' CSR rows
-//          concatenated and cut into runs of 512 pairs;
-//   main   per item, tiles of 8 pairs of one group (K of that group and the block's ki resident,
-//          the tile's q rows double-buffered by cp.async):
-//            teacher  S = q K^T (16 heads x 128 keys per pair), t = mean_h exp(S scale - lse_h);
-//            dz       z = qi ki^T, dz = bf16(exp(z iscale - indexer_lse) - t) on visible keys;
-//            dQI      dz ki for each pair -> f32 partial at (group, query, writer rank), a slot
-//                     of its own: the writer rank numbers the query's blocks;
-//            dKI      += dz^T qi over the item's pairs, in fp32 registers;
-//          the item's dKI goes out in bf16 when the block has one item, else as an f32 partial;
-//   dqi    dqi = grad_scale * sum of a query's slot partials in slot order;
-//   dki    blocks of several items sum their partials in item order; unselected blocks get 0.
+// KL backward, main kernel on the sm_80 path (mma.sync, cp.async): per work item, tiles of 8
+// (query, group) pairs of one physical block with K of the pair's group and the block's ki
+// resident: teacher, dz, the pairs' dQI partials and the item's dKI (kl_backward.cu has the
+// phase overview).
+#pragma once
+
 #include <cstdint>
 
-#include <cuda_runtime.h>
-
-#include "msa/kl.h"
+#include "msa/common.h"
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
-#include "common/scan.cuh"
+#include "common/intrinsics.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
+#include "kl/kl_common.cuh"
 
 namespace msa {
 namespace {
 
-constexpr int kIndexHeads = kGroups;  // one index head per KV group; index dim = head dim
-constexpr int kIndexDim = kHeadDim;
-constexpr int kSlots = kTopK;  // dQI partial slots per (group, query): writer ranks 0 .. 15
-
 constexpr int kKlThreads = 256;
 constexpr int kPairs = 8;        // (query, group) pairs per tile
-constexpr int kItemPairs = 512;  // pairs per work item
 // The runs of one item's groups each start a new tile: at most 3 extra tiles.
 constexpr int kMaxTiles = kItemPairs / kPairs + kGroups;
 constexpr int kPairRows = 16;  // rows of the pair-indexed mma tiles; pairs 8 .. 15 stay zero
 constexpr int kPairTileBytes = kPairRows * kTileRowBytes;
-constexpr int kDkiPart = kBlock * kIndexDim;  // floats of one item's dKI partial
-constexpr int kItemWords = 4;                 // (physical block, first pair, end pair, 0)
-constexpr int kTableThreads = 1024;
-constexpr int kReduceThreads = 256;
-constexpr unsigned kFull = 0xffffffffu;
 
 struct KlSmem {
     alignas(128) uint8_t k[kBlock * kTileRowBytes];                     // K of the tile's group
@@ -75,70 +50,6 @@ struct KlSmem {
 // sm_80's opt-in limit (163 KB), so one CTA per SM on either architecture.
 static_assert(sizeof(KlSmem) <= 163 * 1024, "KL smem exceeds the sm_80 limit");
 
-struct KlParams {
-    const uint16_t* q;
-    const uint16_t* k;
-    const float* teacher_lse;
-    const uint16_t* qi;
-    const uint16_t* ki;
-    const float* indexer_lse;
-    const int32_t* row_ptr;  // phys_row_ptr [4, P + 1]
-    const int32_t* q_idx;    // phys_q_indices [4, T * 16]
-    const int32_t* valid;    // phys_valid [4, T * 16]
-    const int32_t* items;
-    const int32_t* block_items;
-    float* dqi_part;
-    float* dki_part;
-    uint16_t* dki;
-    float grad_scale;
-};
-
-// ---------------------------------------------------------------------------------------------
-// items
-
-__global__ void __launch_bounds__(kTableThreads)
-    kl_items_kernel(const int32_t* __restrict__ row_ptr, const MsaVarlen v, int32_t* __restrict__ items,
-                    int32_t* __restrict__ block_items, int capacity) {
-    __shared__ BlockScanSmem<kTableThreads> scan;
-    const int p = v.padded_kv_blocks;
-    int done = 0;
-    for (int base = 0; base < p; base += kTableThreads) {
-        const int pb = base + threadIdx.x;
-        int pairs = 0, n = 0;
-        if (pb < p) {
-#pragma unroll
-            for (int g = 0; g < kGroups; ++g) {
-                const int32_t* r = row_ptr + static_cast<int64_t>(g) * (p + 1) + pb;
-                pairs += r[1] - r[0];
-            }
-            // Padding blocks have no key rows to write (and no pairs).
-            if (block_keys(v, pb).count > 0) n = (pairs + kItemPairs - 1) / kItemPairs;
-        }
-        int total;
-        const int at = done + block_exclusive_scan(scan, n, total);
-        if (pb < p) {
-            block_items[2 * pb] = at;
-            block_items[2 * pb + 1] = n;
-        }
-        for (int i = 0; i < n; ++i) {
-            int32_t* it = items + static_cast<int64_t>(at + i) * kItemWords;
-            it[0] = pb;
-            it[1] = i * kItemPairs;
-            it[2] = min(pairs, (i + 1) * kItemPairs);
-            it[3] = 0;
-        }
-        done += total;
-    }
-    for (int i = done + static_cast<int>(threadIdx.x); i < capacity; i += kTableThreads) {
-        int32_t* it = items + static_cast<int64_t>(i) * kItemWords;
-        it[0] = -1;
-        it[1] = it[2] = it[3] = 0;
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// main
-
 // cp.async of rows r < count of a 128-row tile from base + r * stride (the rest zero-filled).
 __device__ __forceinline__ void load_block_rows(uint32_t tile, const uint16_t* base, int64_t stride, int count,
                                                 const uint16_t* any) {
@@ -148,7 +59,7 @@ __device__ __forceinline__ void load_block_rows(uint32_t tile, const uint16_t* b
 
 // cp.async of one tile's q and qi rows into buffer buf (pairs past `count` zero-filled) and plain
 // stores of its per-pair scalars; caller commits. q_idx and valid point at group g's edges.
-__device__ __forceinline__ void load_pairs(KlSmem& s, int buf, const KlParams& a, const MsaVarlen& v, int g,
+__device__ __forceinline__ void load_pairs(KlSmem& s, int buf, const KlKernelParams& a, const MsaVarlen& v, int g,
                                            const int32_t* __restrict__ q_idx, const int32_t* __restrict__ valid,
                                            int edge0, int count, int block_count) {
     const int tid = threadIdx.x;
@@ -180,8 +91,8 @@ __device__ __forceinline__ void load_pairs(KlSmem& s, int buf, const KlParams& a
         if (c == 0) {
             const int w = qr >= 0 ? valid[edge0 + i] : 0;
             s.qrow[buf][i] = qr;
-            s.nvis[buf][i] = qr >= 0 ? min(w & 0xff, block_count) : 0;
-            s.slot[buf][i] = min((w >> 8) & 0xff, kSlots - 1);
+            s.nvis[buf][i] = qr >= 0 ? min(w & kPhysVisibleMask, block_count) : 0;
+            s.slot[buf][i] = min((w >> kPhysRankShift) & 0xff, kSlots - 1);
             s.ilse2[buf][i] = qr >= 0 ? lse_to_log2(a.indexer_lse[static_cast<int64_t>(g) * v.total_q + qr]) : 0.f;
         }
     }
@@ -346,7 +257,7 @@ __device__ __forceinline__ void dki_phase(const KlSmem& s, int buf, int max_visi
     }
 }
 
-__global__ void __launch_bounds__(kKlThreads, 1) kl_main_kernel(const KlParams a, const MsaVarlen v) {
+__global__ void __launch_bounds__(kKlThreads, 1) kl_main_kernel(const KlKernelParams a, const MsaVarlen v) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     KlSmem& s = *reinterpret_cast<KlSmem*>(smem_raw);
     const int32_t* item = a.items + static_cast<int64_t>(blockIdx.x) * kItemWords;
@@ -449,158 +360,5 @@ __global__ void __launch_bounds__(kKlThreads, 1) kl_main_kernel(const KlParams a
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// reductions
-
-// One warp per (group, query): lane l sums d columns 4 l .. 4 l + 3 over the query's slots.
-__global__ void __launch_bounds__(kReduceThreads)
-    kl_dqi_kernel(const float* __restrict__ dqi_part, const int32_t* __restrict__ topk, const MsaVarlen v,
-                  float grad_scale, uint16_t* __restrict__ dqi) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * (kReduceThreads / 32) + (threadIdx.x >> 5);
-    if (row >= static_cast<int64_t>(kIndexHeads) * v.total_q) return;  // warp-uniform
-    const int t = static_cast<int>(row % v.total_q), g = static_cast<int>(row / v.total_q);
-    const int b = v.query_fragment[t];
-    const int num_blocks = (v.cu_seqlens_k[b + 1] - v.cu_seqlens_k[v.fragment_first[b]] + kBlock - 1) / kBlock;
-    // The physical CSR has one edge per entry 0 <= e < num_blocks, and the writer ranks of a
-    // query's edges are 0 .. count - 1: exactly the slots the main kernel wrote.
-    const int e = lane < kTopK ? topk[row * kTopK + lane] : -1;
-    const int count = __popc(__ballot_sync(kFull, e >= 0 && e < num_blocks));
-    const float4* src = reinterpret_cast<const float4*>(dqi_part + row * kSlots * kIndexDim) + lane;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int slot = 0; slot < count; ++slot) {
-        const float4 x = src[slot * (kIndexDim / 4)];
-        acc.x += x.x;
-        acc.y += x.y;
-        acc.z += x.z;
-        acc.w += x.w;
-    }
-    const uint2 out = make_uint2(pack_bf16(acc.x * grad_scale, acc.y * grad_scale),
-                                 pack_bf16(acc.z * grad_scale, acc.w * grad_scale));
-    *reinterpret_cast<uint2*>(dqi + (static_cast<int64_t>(t) * kIndexHeads + g) * kIndexDim + 4 * lane) = out;
-}
-
-// One CTA per physical block with zero or several items (single-item blocks were written by the
-// main kernel): thread i sums 4 d columns of one key over the items in order.
-__global__ void __launch_bounds__(kReduceThreads)
-    kl_dki_kernel(const float* __restrict__ dki_part, const int32_t* __restrict__ block_items, const MsaVarlen v,
-                  float grad_scale, uint16_t* __restrict__ dki) {
-    const int pb = blockIdx.x;
-    const BlockKeys bk = block_keys(v, pb);
-    const int first = block_items[2 * pb], n = block_items[2 * pb + 1];
-    if (bk.count == 0 || n == 1) return;
-    for (int i = threadIdx.x; i < bk.count * (kIndexDim / 4); i += kReduceThreads) {
-        const int key = i / (kIndexDim / 4), c = i % (kIndexDim / 4);
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int it = 0; it < n; ++it) {
-            const float4 x =
-                reinterpret_cast<const float4*>(dki_part + static_cast<int64_t>(first + it) * kDkiPart + key * kIndexDim)[c];
-            acc.x += x.x;
-            acc.y += x.y;
-            acc.z += x.z;
-            acc.w += x.w;
-        }
-        const uint2 out = make_uint2(pack_bf16(acc.x * grad_scale, acc.y * grad_scale),
-                                     pack_bf16(acc.z * grad_scale, acc.w * grad_scale));
-        *reinterpret_cast<uint2*>(dki + (static_cast<int64_t>(bk.start) + key) * kIndexDim + 4 * c) = out;
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// workspace
-
-struct KlWorkspace {
-    size_t dqi_part, dki_part, items, block_items, bytes;  // byte offsets of the parts and the total
-    int64_t capacity;                                      // work items
-};
-
-constexpr size_t kAlign = 256;
-
-__host__ __forceinline__ size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-__host__ bool kl_workspace(const MsaVarlen& v, KlWorkspace& w) {
-    if (v.total_q < 0 || v.padded_kv_blocks < 0) return false;
-    const int64_t t = v.total_q, p = v.padded_kv_blocks;
-    // Sum over blocks of ceil(pairs / 512) <= P + ceil(sum of pairs / 512), sum of pairs <= 64 T.
-    w.capacity = p + (static_cast<int64_t>(kIndexHeads) * kTopK * t + kItemPairs - 1) / kItemPairs;
-    w.dqi_part = 0;
-    w.dki_part = align_up(static_cast<size_t>(kIndexHeads) * t * kSlots * kIndexDim * sizeof(float));
-    w.items = w.dki_part + align_up(static_cast<size_t>(w.capacity) * kDkiPart * sizeof(float));
-    w.block_items = w.items + align_up(static_cast<size_t>(w.capacity) * kItemWords * sizeof(int32_t));
-    w.bytes = w.block_items + align_up(static_cast<size_t>(p) * 2 * sizeof(int32_t));
-    return true;
-}
-
 }  // namespace
 }  // namespace msa
-
-extern "C" int msa_kl_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
-    msa::KlWorkspace w;
-    if (!msa::kl_workspace(varlen, w)) return cudaErrorInvalidValue;
-    *bytes = w.bytes;
-    return cudaSuccess;
-}
-
-extern "C" int msa_kl_backward(const uint16_t* q, const uint16_t* k, const float* teacher_lse, const uint16_t* qi,
-                               const uint16_t* ki, const float* indexer_lse, const int32_t* topk,
-                               const int32_t* phys_row_ptr, const int32_t* phys_q_indices, const int32_t* phys_valid,
-                               MsaVarlen varlen, float loss_coeff, uint16_t* dqi, uint16_t* dki, void* workspace,
-                               size_t workspace_bytes, void* stream) {
-    msa::KlWorkspace w;
-    if (!msa::kl_workspace(varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
-    if (w.capacity > 0x7fffffff) return cudaErrorInvalidValue;
-    if (varlen.total_q == 0 && varlen.total_k == 0) return cudaSuccess;
-    uint8_t* ws = static_cast<uint8_t*>(workspace);
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int capacity = static_cast<int>(w.capacity);
-    // grad_scale = iscale * loss_coeff / (4 T) in double, rounded once (as the reference).
-    const double t = varlen.total_q > 0 ? varlen.total_q : 1;
-    const float grad_scale = static_cast<float>(0.088388347648318440550 * static_cast<double>(loss_coeff) / (4.0 * t));
-
-    msa::KlParams a;
-    a.q = q;
-    a.k = k;
-    a.teacher_lse = teacher_lse;
-    a.qi = qi;
-    a.ki = ki;
-    a.indexer_lse = indexer_lse;
-    a.row_ptr = phys_row_ptr;
-    a.q_idx = phys_q_indices;
-    a.valid = phys_valid;
-    a.items = reinterpret_cast<const int32_t*>(ws + w.items);
-    a.block_items = reinterpret_cast<const int32_t*>(ws + w.block_items);
-    a.dqi_part = reinterpret_cast<float*>(ws + w.dqi_part);
-    a.dki_part = reinterpret_cast<float*>(ws + w.dki_part);
-    a.dki = dki;
-    a.grad_scale = grad_scale;
-
-    msa::kl_items_kernel<<<1, msa::kTableThreads, 0, s>>>(phys_row_ptr, varlen, reinterpret_cast<int32_t*>(ws + w.items),
-                                                          reinterpret_cast<int32_t*>(ws + w.block_items), capacity);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-
-    if (capacity > 0) {
-        const int smem = static_cast<int>(sizeof(msa::KlSmem));
-        err = cudaFuncSetAttribute(msa::kl_main_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (err != cudaSuccess) return err;
-        msa::kl_main_kernel<<<capacity, msa::kKlThreads, smem, s>>>(a, varlen);
-        err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
-    }
-
-    if (varlen.total_q > 0) {
-        const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
-        const int64_t ctas = (rows + msa::kReduceThreads / 32 - 1) / (msa::kReduceThreads / 32);
-        msa::kl_dqi_kernel<<<static_cast<unsigned>(ctas), msa::kReduceThreads, 0, s>>>(a.dqi_part, topk, varlen,
-                                                                                       grad_scale, dqi);
-        err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
-    }
-
-    if (varlen.padded_kv_blocks > 0) {
-        msa::kl_dki_kernel<<<varlen.padded_kv_blocks, msa::kReduceThreads, 0, s>>>(a.dki_part, a.block_items, varlen,
-                                                                                     grad_scale, dki);
-        err = cudaGetLastError();
-    }
-    return err;
-}

@@ -1,8 +1,10 @@
-// Tile math of the KV-outer backward kernels (atomic main kernel and deterministic dK/dV): one
-// 128-key block of one group is resident in smem while tiles of queries that selected it stream
-// through. NeMo's task tile is 8 query slots x 16 heads = 128 rows; here it is processed as two
-// 64-row half tiles (4 slots), which keeps K, V, one half of Q and dO, and P, dS in 128 KB of smem
-// (sm_80 fits 163 KB) and the dK/dV accumulators in registers. Per half tile:
+// Mainloop tile math of the KV-outer backward kernels on the sm_80 path (mma.sync, cp.async;
+// atomic main kernel and deterministic dK/dV, whose loops over task rows or CSR entries call it
+// per half tile): one 128-key block of one group is resident in smem while tiles of queries that
+// selected it stream through. NeMo's task tile is 8 query slots x 16 heads = 128 rows; here it
+// is processed as two 64-row half tiles (4 slots), which keeps K, V, one half of Q and dO, and
+// P, dS in 128 KB of smem (sm_80 fits 163 KB) and the dK/dV accumulators in registers. Per half
+// tile:
 //
 //   phase 1 (kv_outer_scores): S = Q K^T, dP = dO V^T; warp w: slot w % 4 (its 16 heads = the 16
 //            mma rows), keys 64 (w / 4) .. +64 in two 32-key passes; P = 2^(S scale log2e - lse
@@ -22,15 +24,17 @@
 #include <cstdint>
 
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
+#include "common/intrinsics.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
 
 namespace msa {
 
 constexpr int kKvOuterThreads = 256;
-constexpr int kSlotsPerTask = 8;
+constexpr int kSlotsPerTask = kTaskQueries;  // query slots of a task row
 constexpr int kSlotsPerHalf = 4;
 constexpr int kHalfRows = kSlotsPerHalf * kHeadsPerGroup;  // 64 rows: row 16 i + h = slot i, head h
 constexpr int kHalfTileBytes = kHalfRows * kTileRowBytes;  // 16 KB

@@ -1,4 +1,5 @@
-// Mainloop of the query-outer kernels (forward and deterministic dQ): streams the K and V tiles of
+// Mainloop of the query-outer kernels on the sm_80 path (mma.sync, cp.async; forward and
+// deterministic dQ, so named by loop order rather than direction): streams the K and V tiles of
 // the CTA's block union through a two-stage cp.async pipeline and hands each block to the warps
 // that selected it. The per-block math is the caller's (forward: online softmax and P V;
 // dQ: P, dP, dS and dS K).
@@ -7,9 +8,10 @@
 #include <cstdint>
 
 #include "common/constants.cuh"
-#include "common/ptx.cuh"
-#include "common/tile.cuh"
+#include "common/intrinsics.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/tile.cuh"
 #include "attention/block_union.cuh"
 
 namespace msa {

@@ -1,4 +1,5 @@
-// Lightning indexer forward (contract §3.1), three deterministic launches:
+// Lightning indexer forward (contract §3.1), three deterministic launches (the scores kernel
+// uses mma.sync, the sm_80 path that also runs on sm_90a; tiles and select are arch-neutral):
 //
 //   tiles  one CTA lays out the query tiles: 64 consecutive queries of one fragment, so that they
 //          share k_base and one index-key block in smem serves all of them and their 4 heads;
@@ -17,20 +18,23 @@
 #include <cuda_runtime.h>
 
 #include "msa/indexer.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
+#include "common/launch.cuh"
 #include "common/mask.cuh"
-#include "common/ptx.cuh"
 #include "common/scan.cuh"
 #include "common/softmax.cuh"
-#include "common/tile.cuh"
 #include "common/varlen.cuh"
+#include "common/sm80/cp_async.cuh"
+#include "common/sm80/mma.cuh"
+#include "common/sm80/tile.cuh"
 
 namespace msa {
 namespace {
 
-// The 4 index heads share the one index-key head; index dim and scale equal the attention's.
-constexpr int kIndexHeads = kGroups;
-constexpr int kIndexDim = kHeadDim;
+// The 4 index heads (common/constants.cuh) share the one index-key head; index dim and scale
+// equal the attention's.
 constexpr int kIndexRow = kIndexHeads * kIndexDim;  // elements of one query's qi rows
 
 constexpr int kTileQueries = 64;
@@ -100,10 +104,10 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     ScoresSmem& s = *reinterpret_cast<ScoresSmem*>(smem_raw);
     const int q0 = tile_q0[blockIdx.x];
     if (q0 < 0) return;  // past the last tile (CTA-uniform)
-    const int b = v.query_fragment[q0];
-    const int k_base = v.cu_seqlens_k[v.fragment_first[b]];
-    const int q_start = v.cu_seqlens_q[b], q_end = v.cu_seqlens_q[b + 1];
-    const int k_len = v.cu_seqlens_k[b + 1] - k_base;
+    const FragmentCoord f = fragment_coord(v, v.query_fragment[q0]);
+    const int k_base = f.k_base;
+    const int q_start = f.q_start, q_end = f.q_start + f.q_len;
+    const int k_len = f.k_len;
     const int nq = min(kTileQueries, q_end - q0);
     const int pos0 = k_len - (q_end - q_start) + (q0 - q_start);  // position of the tile's first query
     const int p_last = pos0 + nq - 1;
@@ -304,6 +308,27 @@ __host__ bool indexer_workspace(const MsaVarlen& v, IndexerWorkspace& w) {
     return true;
 }
 
+// The three launches; the scores kernel is the sm_80 path (mma.sync, also run on sm_90a).
+cudaError_t indexer_forward_sm80(const MsaIndexerParams& p, const IndexerWorkspace& w, uint8_t* ws,
+                                 cudaStream_t s) {
+    const MsaVarlen& varlen = p.varlen;
+    float* bmax = reinterpret_cast<float*>(ws + w.bmax);
+    float* bsum = reinterpret_cast<float*>(ws + w.bsum);
+    int32_t* tiles = reinterpret_cast<int32_t*>(ws + w.tiles);
+    const int capacity = static_cast<int>(w.tile_capacity);
+
+    MSA_TRY(launch(indexer_tiles_kernel, 1, kTableThreads, s, varlen, tiles, capacity));
+
+    const dim3 grid(capacity, (varlen.max_blocks + kChunkBlocks - 1) / kChunkBlocks);
+    MSA_TRY(launch_smem(indexer_scores_kernel, grid, kScoreThreads, sizeof(ScoresSmem), s, p.qi, p.ki, tiles, varlen,
+                        bmax, bsum));
+
+    const int64_t rows = static_cast<int64_t>(kIndexHeads) * varlen.total_q;
+    const int64_t ctas = (rows + kSelectThreads / 32 - 1) / (kSelectThreads / 32);
+    return launch(indexer_select_kernel, static_cast<unsigned>(ctas), kSelectThreads, s, bmax, bsum, varlen, p.topk,
+                  p.lse);
+}
+
 }  // namespace
 }  // namespace msa
 
@@ -314,33 +339,14 @@ extern "C" int msa_indexer_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
     return cudaSuccess;
 }
 
-extern "C" int msa_indexer_forward(const uint16_t* qi, const uint16_t* ki, MsaVarlen varlen, int32_t* topk,
-                                   float* lse, void* workspace, size_t workspace_bytes, void* stream) {
+extern "C" int msa_indexer_forward(const MsaIndexerParams* params, void* workspace, size_t workspace_bytes,
+                                   void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
     msa::IndexerWorkspace w;
-    if (!msa::indexer_workspace(varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
-    if (varlen.total_q == 0) return cudaSuccess;
+    if (!msa::indexer_workspace(params->varlen, w) || workspace_bytes < w.bytes) return cudaErrorInvalidValue;
+    if (params->varlen.total_q == 0) return cudaSuccess;
     if (w.tile_capacity > 0x7fffffff) return cudaErrorInvalidValue;
     uint8_t* ws = static_cast<uint8_t*>(workspace);
-    float* bmax = reinterpret_cast<float*>(ws + w.bmax);
-    float* bsum = reinterpret_cast<float*>(ws + w.bsum);
-    int32_t* tiles = reinterpret_cast<int32_t*>(ws + w.tiles);
-    const int capacity = static_cast<int>(w.tile_capacity);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-
-    msa::indexer_tiles_kernel<<<1, msa::kTableThreads, 0, s>>>(varlen, tiles, capacity);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-
-    const int smem = static_cast<int>(sizeof(msa::ScoresSmem));
-    err = cudaFuncSetAttribute(msa::indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    const dim3 grid(capacity, (varlen.max_blocks + msa::kChunkBlocks - 1) / msa::kChunkBlocks);
-    msa::indexer_scores_kernel<<<grid, msa::kScoreThreads, smem, s>>>(qi, ki, tiles, varlen, bmax, bsum);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-
-    const int64_t rows = static_cast<int64_t>(msa::kIndexHeads) * varlen.total_q;
-    const int64_t ctas = (rows + msa::kSelectThreads / 32 - 1) / (msa::kSelectThreads / 32);
-    msa::indexer_select_kernel<<<static_cast<unsigned>(ctas), msa::kSelectThreads, 0, s>>>(bmax, bsum, varlen, topk, lse);
-    return cudaGetLastError();
+    return msa::dispatch_arch([&] { return msa::indexer_forward_sm80(*params, w, ws, s); });
 }

@@ -1,0 +1,66 @@
+// Backward preprocess (nemo-kernels §5.3; docs/design.md "Backward" step 1): delta =
+// rowsum(out * dout), the input of every backward kernel. A memory-bound streaming kernel with
+// 16-byte loads; arch-neutral (no tensor cores), so it has no per-architecture path.
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "msa/attention.h"
+#include "common/constants.cuh"
+#include "common/launch.cuh"
+
+namespace msa {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;                        // elements per thread and access
+constexpr int kLanesPerRow = kHeadDim / kVec;  // 16: one (t, h) row per half warp
+constexpr int kRowsPerCta = kThreads / kLanesPerRow;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+__global__ void __launch_bounds__(kThreads)
+    attn_backward_preprocess_kernel(const uint16_t* __restrict__ out, const uint16_t* __restrict__ dout,
+                                    long long rows, float* __restrict__ delta) {
+    const long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta + threadIdx.x / kLanesPerRow;
+    const int part = int(threadIdx.x % kLanesPerRow);
+    float acc = 0.f;
+    if (row < rows) {
+        const size_t at = static_cast<size_t>(row) * kHeadDim + size_t(part) * kVec;
+        const uint4 o = *reinterpret_cast<const uint4*>(out + at);
+        const uint4 g = *reinterpret_cast<const uint4*>(dout + at);
+        // bf16 x bf16 is exact in fp32, so fma and mul+add round alike.
+        acc = bf16_lo(o.x) * bf16_lo(g.x);
+        acc = fmaf(bf16_hi(o.x), bf16_hi(g.x), acc);
+        acc = fmaf(bf16_lo(o.y), bf16_lo(g.y), acc);
+        acc = fmaf(bf16_hi(o.y), bf16_hi(g.y), acc);
+        acc = fmaf(bf16_lo(o.z), bf16_lo(g.z), acc);
+        acc = fmaf(bf16_hi(o.z), bf16_hi(g.z), acc);
+        acc = fmaf(bf16_lo(o.w), bf16_lo(g.w), acc);
+        acc = fmaf(bf16_hi(o.w), bf16_hi(g.w), acc);
+    }
+    // Every lane shuffles (rows past the end hold 0), so the full mask is exact.
+#pragma unroll
+    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+        acc += __shfl_xor_sync(kFullMask, acc, offset, kLanesPerRow);
+    }
+    if (part == 0 && row < rows) delta[row] = acc;
+}
+
+}  // namespace
+}  // namespace msa
+
+extern "C" int msa_attn_backward_preprocess(const uint16_t* out, const uint16_t* dout, int32_t total_q,
+                                            float* delta, void* stream) {
+    if (total_q < 0 || !msa::aligned16(out) || !msa::aligned16(dout) || !msa::aligned16(delta)) {
+        return cudaErrorInvalidValue;
+    }
+    if (total_q == 0) return cudaSuccess;
+    const long long rows = static_cast<long long>(total_q) * msa::kHeads;
+    return msa::launch(msa::attn_backward_preprocess_kernel,
+                       unsigned((rows + msa::kRowsPerCta - 1) / msa::kRowsPerCta), msa::kThreads,
+                       static_cast<cudaStream_t>(stream), out, dout, rows, delta);
+}

@@ -1,0 +1,43 @@
+// Host-side launch helpers of every launcher: early return on a CUDA error (MSA_TRY) and the
+// launch sequences, so that no translation unit repeats the attribute / launch /
+// cudaGetLastError steps. Every launcher returns the cudaError_t of its first failing step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+// Evaluates expr (a cudaError_t) and returns it from the enclosing function unless it is
+// cudaSuccess.
+#define MSA_TRY(expr)                                 \
+    do {                                              \
+        const cudaError_t msa_try_err_ = (expr);      \
+        if (msa_try_err_ != cudaSuccess) return msa_try_err_; \
+    } while (0)
+
+namespace msa {
+
+// Whether p is 16-byte aligned (the launchers' vector-access requirement).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// kernel<<<grid, block, 0, stream>>>(args...), then the launch error.
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+    kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+}
+
+// The same with smem bytes of dynamic shared memory, opted in first: the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize is set to smem (required above 48 KB; cheap, and
+// set at every launch so that it holds for whichever device is current).
+template <class... Params, class... Args>
+cudaError_t launch_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        Args&&... args) {
+    MSA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+}
+
+}  // namespace msa
