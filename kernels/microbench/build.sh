@@ -25,4 +25,4 @@ build m4_bulk_reduce "$here/m4_bulk_reduce.cu"
 build m2_forward_sm90 "$here/m2_forward_sm90.cu" "$root/kernels/src/attention/forward.cu"
 v1="$root/kernels/src/attention"
 build m5_backward_sm90 "$here/m5_backward_sm90.cu" "$v1/forward.cu" "$v1/backward_dq.cu" "$v1/backward_dkv.cu" \
-    "$root/kernels/src/pre_post/pre_post.cu"
+    "$v1/backward_preprocess.cu" "$v1/backward_postprocess.cu"

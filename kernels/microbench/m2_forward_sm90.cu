@@ -49,7 +49,16 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&entries, size_t(4) * tiles * 128 * 16));
         msa::fwd90::Params prm{counts, entries, wpos, vl, o, lse, tiles, 128};
 
-        auto run_v1 = [&] { CK(static_cast<cudaError_t>(msa_attn_forward(q, k, v, topk, vl, o_ref, lse_ref, nullptr))); };
+        MsaAttnFwdParams v1p{};
+        v1p.q = q;
+        v1p.k = k;
+        v1p.v = v;
+        v1p.topk = topk;
+        v1p.varlen = vl;
+        v1p.out = o_ref;
+        v1p.lse = lse_ref;
+        v1p.force_sm80 = 1;
+        auto run_v1 = [&] { CK(static_cast<cudaError_t>(msa_attn_forward(&v1p, nullptr))); };
         using msa::fwd90::Schedule;
         auto run_f1 = [&](int schedule) {
             msa::tile_union_kernel<<<dim3(tiles, 4), msa::kTileUnionThreads>>>(topk, vl, counts, entries, wpos);

@@ -9,7 +9,6 @@
 //   m5_backward_sm90 [iters]
 #include "microbench/common.cuh"
 #include "msa/attention.h"
-#include "msa/pre_post.h"
 #include "attention/backward_items.cuh"
 #include "attention/backward_sm90.cuh"
 
@@ -159,12 +158,35 @@ int main(int argc, char** argv) {
         }
         const MsaVarlen vl = device_varlen(h);
 
-        CK(cudaError_t(msa_attn_forward(q, k, v, topk, vl, out, lse, nullptr)));
-        CK(cudaError_t(msa_pre_post_delta(out, dout, h.T, delta, nullptr)));
+        MsaAttnFwdParams fp{};
+        fp.q = q;
+        fp.k = k;
+        fp.v = v;
+        fp.topk = topk;
+        fp.varlen = vl;
+        fp.out = out;
+        fp.lse = lse;
+        fp.force_sm80 = 1;
+        CK(cudaError_t(msa_attn_forward(&fp, nullptr)));
+        CK(cudaError_t(msa_attn_backward_preprocess(out, dout, h.T, delta, nullptr)));
+        MsaAttnBwdParams bp{};
+        bp.q = q;
+        bp.k = k;
+        bp.v = v;
+        bp.dout = dout;
+        bp.lse = lse;
+        bp.delta = delta;
+        bp.varlen = vl;
+        bp.topk = topk;
+        bp.dq = dq_ref;
+        bp.phys_row_ptr = row_ptr;
+        bp.phys_q_indices = qidx;
+        bp.phys_valid = valid;
+        bp.dk = dk_ref;
+        bp.dv = dv_ref;
         auto run_v1 = [&] {
-            CK(cudaError_t(msa_attn_backward_dq(q, k, v, dout, lse, delta, topk, vl, dq_ref, nullptr)));
-            CK(cudaError_t(msa_attn_backward_dkv(q, k, v, dout, lse, delta, row_ptr, qidx, valid, vl, dk_ref, dv_ref,
-                                                 nullptr)));
+            CK(cudaError_t(msa_attn_backward_dq(&bp, nullptr)));
+            CK(cudaError_t(msa_attn_backward_dkv(&bp, nullptr)));
         };
         const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, vl, dq_acc, dkv_acc, dk, dv};
         auto run_main = [&] { CK(msa::bwd90::launch_backward(q, k, v, dout, prm, cap, sms, nullptr)); };
@@ -175,7 +197,7 @@ int main(int argc, char** argv) {
             run_main();
             msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, dk, dv);
             CK(cudaGetLastError());
-            CK(cudaError_t(msa_pre_post_dq(dq_acc, h.T, dq, nullptr)));
+            CK(cudaError_t(msa_attn_backward_postprocess_dq(dq_acc, h.T, dq, nullptr)));
         };
 
         run_v1();

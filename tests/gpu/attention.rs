@@ -36,36 +36,39 @@ fn full_check(name: &str, cuda: &Backend, p: &CallInputs, opts: &RunOptions) -> 
 
 /// Every edge layout under every selection of the harness (recent, random with -1 holes, the
 /// verification patterns) with the atomic backward, and under the first three with the
-/// deterministic one; full reference check (sampled for the largest random layouts).
+/// deterministic one; full reference check (sampled for the largest random layouts). On Hopper
+/// both kernel sets run: the sm_90a kernels and the mma.sync ones they replace.
 #[test]
 fn attention_matches_the_reference_on_edge_layouts() {
-    let cuda = Backend::Cuda(harness::open_device());
     let mut failed = Vec::new();
-    for (i, group) in harness::edge_selection_groups().enumerate() {
-        for (s, (sel_name, topk)) in group.selections.into_iter().enumerate() {
-            for deterministic in [false, true].into_iter().filter(|&d| !d || s < 3) {
-                let opts = RunOptions {
-                    deterministic,
-                    indexer: true,
-                    kl: true,
-                    ..RunOptions::default()
-                };
-                let p = case(&group.layout, topk.clone(), 0xA77E + i as u64);
-                let name = format!(
-                    "{}/{sel_name}/{}",
-                    group.name,
-                    if deterministic { "det" } else { "atomic" }
-                );
-                let report = full_check(&name, &cuda, &p, &opts);
-                if !report.passed() {
-                    failed.push(name.clone());
+    for (kernels, handle) in harness::kernel_sets() {
+        let cuda = Backend::Cuda(handle);
+        for (i, group) in harness::edge_selection_groups().enumerate() {
+            for (s, (sel_name, topk)) in group.selections.into_iter().enumerate() {
+                for deterministic in [false, true].into_iter().filter(|&d| !d || s < 3) {
+                    let opts = RunOptions {
+                        deterministic,
+                        indexer: true,
+                        kl: true,
+                        ..RunOptions::default()
+                    };
+                    let p = case(&group.layout, topk.clone(), 0xA77E + i as u64);
+                    let name = format!(
+                        "{}/{sel_name}/{}/{kernels}",
+                        group.name,
+                        if deterministic { "det" } else { "atomic" }
+                    );
+                    let report = full_check(&name, &cuda, &p, &opts);
+                    if !report.passed() {
+                        failed.push(name.clone());
+                    }
+                    harness::record_soft(
+                        "attention_edge",
+                        &name,
+                        &report,
+                        serde_json::json!({"T": p.layout.total_q(), "kernels": kernels}),
+                    );
                 }
-                harness::record_soft(
-                    "attention_edge",
-                    &name,
-                    &report,
-                    serde_json::json!({"T": p.layout.total_q()}),
-                );
             }
         }
     }

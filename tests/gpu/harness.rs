@@ -198,6 +198,20 @@ pub fn open_device() -> CudaMsa {
         .with_poisoned_outputs(true)
 }
 
+/// The attention kernel sets this device runs, each on a fresh handle: `sm90` (the default on
+/// Hopper) and `sm80` (the mma.sync kernels, forced), or `sm80` alone elsewhere.
+pub fn kernel_sets() -> Vec<(&'static str, CudaMsa)> {
+    let default = open_device();
+    if default.uses_sm90_kernels() {
+        vec![
+            ("sm90", default),
+            ("sm80", open_device().with_sm80_kernels(true)),
+        ]
+    } else {
+        vec![("sm80", default)]
+    }
+}
+
 /// The GPU indexer's selection for a case's qi/ki (MSA's own flow: indexer → attention).
 pub fn gpu_indexer_selection(p: &msa_harness::io::CallInputs) -> Vec<i32> {
     let d = device();

@@ -218,10 +218,15 @@ pub struct MsaAttnFwdParams {
     pub out: *mut u16,
     #[doc = " [T, 64], written in full"]
     pub lse: *mut f32,
+    #[doc = " msa_attn_forward_workspace_bytes of scratch, 256-byte aligned"]
+    pub workspace: *mut ::std::os::raw::c_void,
+    pub workspace_bytes: usize,
+    #[doc = " nonzero: the mma.sync kernel on any device (the reference path)"]
+    pub force_sm80: i32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of MsaAttnFwdParams"][::std::mem::size_of::<MsaAttnFwdParams>() - 120usize];
+    ["Size of MsaAttnFwdParams"][::std::mem::size_of::<MsaAttnFwdParams>() - 144usize];
     ["Alignment of MsaAttnFwdParams"][::std::mem::align_of::<MsaAttnFwdParams>() - 8usize];
     ["Offset of field: MsaAttnFwdParams::q"][::std::mem::offset_of!(MsaAttnFwdParams, q) - 0usize];
     ["Offset of field: MsaAttnFwdParams::k"][::std::mem::offset_of!(MsaAttnFwdParams, k) - 8usize];
@@ -234,6 +239,12 @@ const _: () = {
         [::std::mem::offset_of!(MsaAttnFwdParams, out) - 104usize];
     ["Offset of field: MsaAttnFwdParams::lse"]
         [::std::mem::offset_of!(MsaAttnFwdParams, lse) - 112usize];
+    ["Offset of field: MsaAttnFwdParams::workspace"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, workspace) - 120usize];
+    ["Offset of field: MsaAttnFwdParams::workspace_bytes"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, workspace_bytes) - 128usize];
+    ["Offset of field: MsaAttnFwdParams::force_sm80"]
+        [::std::mem::offset_of!(MsaAttnFwdParams, force_sm80) - 136usize];
 };
 impl Default for MsaAttnFwdParams {
     fn default() -> Self {
@@ -291,10 +302,13 @@ pub struct MsaAttnBwdParams {
     pub dk: *mut u16,
     #[doc = " [Tk, 4, 128]"]
     pub dv: *mut u16,
+    #[doc = " msa_attn_backward_sm90_workspace_bytes, 256-byte aligned"]
+    pub workspace: *mut ::std::os::raw::c_void,
+    pub workspace_bytes: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of MsaAttnBwdParams"][::std::mem::size_of::<MsaAttnBwdParams>() - 240usize];
+    ["Size of MsaAttnBwdParams"][::std::mem::size_of::<MsaAttnBwdParams>() - 256usize];
     ["Alignment of MsaAttnBwdParams"][::std::mem::align_of::<MsaAttnBwdParams>() - 8usize];
     ["Offset of field: MsaAttnBwdParams::q"][::std::mem::offset_of!(MsaAttnBwdParams, q) - 0usize];
     ["Offset of field: MsaAttnBwdParams::k"][::std::mem::offset_of!(MsaAttnBwdParams, k) - 8usize];
@@ -337,6 +351,10 @@ const _: () = {
         [::std::mem::offset_of!(MsaAttnBwdParams, dk) - 224usize];
     ["Offset of field: MsaAttnBwdParams::dv"]
         [::std::mem::offset_of!(MsaAttnBwdParams, dv) - 232usize];
+    ["Offset of field: MsaAttnBwdParams::workspace"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, workspace) - 240usize];
+    ["Offset of field: MsaAttnBwdParams::workspace_bytes"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, workspace_bytes) - 248usize];
 };
 impl Default for MsaAttnBwdParams {
     fn default() -> Self {
@@ -615,9 +633,24 @@ unsafe extern "C" {
         value: u32,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.\n Empty selection: out = 0, lse = -inf. Deterministic.\n Grid (ceil(T / 8), 4), 256 threads, ~131 KB dynamic smem."]
+    #[doc = " Workspace bytes of msa_attn_forward for T = varlen.total_q (host arithmetic, no CUDA call): the\n sm_90a path's tile unions (counts [4, ceil(T / 8)] i32, entries [4, ceil(T / 8), 128] int4,\n query positions [T] i32, each part 256-byte aligned); the sm_80 path ignores it."]
+    pub fn msa_attn_forward_workspace_bytes(
+        varlen: MsaVarlen,
+        bytes: *mut usize,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.\n Empty selection: out = 0, lse = -inf. Deterministic. Tiles of 8 consecutive packed queries\n of one group. sm_90a: the tile-union kernel (grid (ceil(T / 8), 4), 128 threads), then one\n persistent CTA per SM, 384 threads, 193 KB dynamic smem. sm_80: grid (ceil(T / 8), 4),\n 256 threads, ~131 KB dynamic smem. cudaErrorInvalidValue if the workspace is too small."]
     pub fn msa_attn_forward(
         params: *const MsaAttnFwdParams,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 64, 128] f32, the\n work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the\n dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned\n (P = varlen.padded_kv_blocks)."]
+    pub fn msa_attn_backward_sm90_workspace_bytes(
+        varlen: MsaVarlen,
+        bytes: *mut usize,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability\n 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR\n (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:\n zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR\n entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one\n persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not\n bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast. Reads q, k, v,\n dout, lse, delta, varlen, phys_row_ptr, phys_q_indices, phys_valid."]
+    pub fn msa_attn_backward_sm90(
+        params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates\n   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),\n   dk_pool, dv_pool [W, 4, 128] fp32 += dS^T q, P^T dout  at workspace row kblock * 128 + r,\n with unordered fp32 atomics, so all three must be zeroed (or hold partial sums) beforehand.\n desc = (num_task_rows, rows_per_cta, num_full_ctas, tail_rows, grid_ctas, num_work,\n num_tasks, flags). W = varlen.padded_kv_blocks * 128.\n Grid (grid_launch) (nothing is launched for 0), 256 threads, ~130 KB dynamic smem; CTAs past\n desc.grid_ctas exit at once."]

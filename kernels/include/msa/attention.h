@@ -1,8 +1,10 @@
 /* Sparse attention kernels (MSA v1 §2, §5): the forward, the atomic backward main kernel, the two
- * kernels of the deterministic backward, and the backward's pre- and postprocess. Correct-first
- * mma.sync (sm_80+) implementations that run on sm_80 and sm_90a alike: the forward and backward
- * launchers dispatch on the current device's SM version (read once per device), and this sm_80
- * path is what every device gets until an sm_90a path is added.
+ * kernels of the deterministic backward, the backward's pre- and postprocess, and the sm_90a
+ * backward. The forward dispatches on the current device's SM version (read once per device):
+ * on compute capability 9.0 the warp-specialized wgmma/TMA kernel (attention/forward_sm90.cuh)
+ * over tile unions, elsewhere the mma.sync kernel (sm_80+). The backward has two entry points:
+ * msa_attn_backward_sm90 (KV-outer wgmma/TMA, compute capability 9.0 only) and the mma.sync
+ * kernels below it (every device; the deterministic pair on every device).
  *
  * Fixed shapes: 64 query heads, 4 KV groups (head h reads group h / 16), head_dim 128, key
  * blocks of 128, top-k 16, softmax_scale = 128^-0.5 (msa/abi.h). Layouts (contiguous, row-major;
@@ -32,11 +34,21 @@ typedef struct MsaAttnFwdParams {
     MsaVarlen varlen;
     uint16_t* out;        /* [T, 64, 128], written in full */
     float* lse;           /* [T, 64], written in full */
+    void* workspace;      /* msa_attn_forward_workspace_bytes of scratch, 256-byte aligned */
+    size_t workspace_bytes;
+    int32_t force_sm80;   /* nonzero: the mma.sync kernel on any device (the reference path) */
 } MsaAttnFwdParams;
 
+/* Workspace bytes of msa_attn_forward for T = varlen.total_q (host arithmetic, no CUDA call): the
+ * sm_90a path's tile unions (counts [4, ceil(T / 8)] i32, entries [4, ceil(T / 8), 128] int4,
+ * query positions [T] i32, each part 256-byte aligned); the sm_80 path ignores it. */
+int msa_attn_forward_workspace_bytes(MsaVarlen varlen, size_t* bytes);
+
 /* out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.
- * Empty selection: out = 0, lse = -inf. Deterministic.
- * Grid (ceil(T / 8), 4), 256 threads, ~131 KB dynamic smem. */
+ * Empty selection: out = 0, lse = -inf. Deterministic. Tiles of 8 consecutive packed queries
+ * of one group. sm_90a: the tile-union kernel (grid (ceil(T / 8), 4), 128 threads), then one
+ * persistent CTA per SM, 384 threads, 193 KB dynamic smem. sm_80: grid (ceil(T / 8), 4),
+ * 256 threads, ~131 KB dynamic smem. cudaErrorInvalidValue if the workspace is too small. */
 int msa_attn_forward(const MsaAttnFwdParams* params, void* stream);
 
 /* Parameters of the backward launchers (device pointers), one struct for the three kernels
@@ -72,7 +84,24 @@ typedef struct MsaAttnBwdParams {
     const int32_t* phys_valid;     /* [4, T * 16]: visible_keys | writer_rank << 8 */
     uint16_t* dk;                  /* [Tk, 4, 128] */
     uint16_t* dv;                  /* [Tk, 4, 128] */
+    /* msa_attn_backward_sm90: the physical CSR, dq, dk, dv above, and its scratch. */
+    void* workspace;               /* msa_attn_backward_sm90_workspace_bytes, 256-byte aligned */
+    size_t workspace_bytes;
 } MsaAttnBwdParams;
+/* Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 64, 128] f32, the
+ * work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the
+ * dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned
+ * (P = varlen.padded_kv_blocks). */
+int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
+/* dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability
+ * 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR
+ * (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:
+ * zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR
+ * entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one
+ * persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not
+ * bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast. Reads q, k, v,
+ * dout, lse, delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
+int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
 
 /* Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates
  *   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),

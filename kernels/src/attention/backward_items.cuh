@@ -17,7 +17,8 @@ constexpr int kKvItemQueries = 512;
 constexpr int kItemBuildThreads = 1024;
 
 // items [capacity, 4] = (head, block, first entry, end entry), rows past the count 0;
-// split_slot [4, P]; counts [2] = (items, slots).
+// split_slot [4, P]; counts [2] = (items, slots). Internal linkage, as every header kernel.
+namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int4* __restrict__ items,
                           int32_t* __restrict__ split_slot, int32_t* __restrict__ counts) {
@@ -56,5 +57,6 @@ __global__ void __launch_bounds__(kItemBuildThreads)
         counts[1] = slot_base;
     }
 }
+}  // namespace
 
 }  // namespace msa

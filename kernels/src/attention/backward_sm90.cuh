@@ -26,15 +26,11 @@
 #include "msa/common.h"
 #include "common/constants.cuh"
 #include "common/varlen.cuh"
+#include "common/sm90/arch.cuh"
 #include "common/sm90/barrier.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MSA_BWD_SM90_BODY 1
-#else
-#define MSA_BWD_SM90_BODY 0
-#endif
 
 namespace msa::bwd90 {
 
@@ -90,7 +86,7 @@ struct Params {
     uint16_t* dv;
 };
 
-#if MSA_BWD_SM90_BODY
+#if MSA_SM90A_ENABLED
 using namespace msa::sm90;
 
 __device__ __forceinline__ float ex2(float x) {
@@ -355,12 +351,14 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
         }
     }
 }
-#endif  // MSA_BWD_SM90_BODY
+#endif  // MSA_SM90A_ENABLED
+
+namespace {  // internal linkage: each including translation unit launches its own
 
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap omap,
                     const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap, const Params p) {
-#if MSA_BWD_SM90_BODY
+#if MSA_SM90A_ENABLED
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
@@ -428,6 +426,8 @@ __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, f
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
         dkv_acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
+
+}  // namespace
 
 // Encodes the maps and launches min(capacity, sms) persistent CTAs (the item count is read on
 // the device). dq_accum and dkv_acc accumulate (zero them first); delta = rowsum(dout * out).

@@ -1,7 +1,9 @@
-// Sparse attention forward, query-outer (contract §2.1): one CTA per (8 queries, KV group), one
-// warp per query, a single-pass fp32 online softmax over the query's selected blocks. Each K/V
-// block of the CTA's union is loaded once; masking is only needed where the query sees fewer than
-// 128 keys of the block (its local block, or a short last block of the document).
+// Sparse attention forward (contract §2.1) and its dispatch: on compute capability 9.0 the
+// sm_90a kernel of attention/forward_sm90.cuh; elsewhere this query-outer mma.sync kernel: one
+// CTA per (8 queries, KV group), one warp per query, a single-pass fp32 online softmax over the
+// query's selected blocks. Each K/V block of the CTA's union is loaded once; masking is only
+// needed where the query sees fewer than 128 keys of the block (its local block, or a short last
+// block of the document).
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -19,6 +21,7 @@
 #include "common/sm80/tile.cuh"
 #include "attention/block_union.cuh"
 #include "attention/epilogue_fwd.cuh"
+#include "attention/forward_sm90.cuh"
 #include "attention/mainloop_q_outer_sm80.cuh"
 
 namespace msa {
@@ -104,9 +107,17 @@ cudaError_t forward_sm80(const MsaAttnFwdParams& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace msa
 
+extern "C" int msa_attn_forward_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
+    if (bytes == nullptr || varlen.total_q < 0) return cudaErrorInvalidValue;
+    *bytes = msa::fwd90::workspace_layout(varlen.total_q).bytes;
+    return cudaSuccess;
+}
+
 extern "C" int msa_attn_forward(const MsaAttnFwdParams* params, void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
     if (params->varlen.total_q <= 0) return cudaSuccess;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    return msa::dispatch_arch([&] { return msa::forward_sm80(*params, s); });
+    if (params->force_sm80) return msa::forward_sm80(*params, s);
+    return msa::dispatch_arch([&] { return msa::forward_sm80(*params, s); },
+                              [&] { return msa::fwd90::run(*params, s); });
 }

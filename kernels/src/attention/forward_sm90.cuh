@@ -24,19 +24,18 @@
 
 #include <cuda_bf16.h>
 
+#include "msa/attention.h"
 #include "msa/common.h"
+#include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 #include "common/varlen.cuh"
+#include "common/sm90/arch.cuh"
 #include "common/sm90/barrier.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "attention/tile_union.cuh"
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MSA_FWD_SM90_BODY 1
-#else
-#define MSA_FWD_SM90_BODY 0
-#endif
 
 namespace msa::fwd90 {
 
@@ -77,7 +76,7 @@ struct Params {
     int union_max;
 };
 
-#if MSA_FWD_SM90_BODY
+#if MSA_SM90A_ENABLED
 using namespace msa::sm90;
 
 __device__ __forceinline__ bool takes(int u, int union_max) { return u <= union_max; }
@@ -521,7 +520,7 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
     }
     if (lane == 0 && v_pending) load_v();
 }
-#endif  // MSA_FWD_SM90_BODY
+#endif  // MSA_SM90A_ENABLED
 
 // The consumers' schedules, in the order they were built (docs/perf/attention-forward-sm90.md).
 enum class Schedule { kSerial, kStream };
@@ -530,13 +529,13 @@ template <Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, const Params p) {
-#if MSA_FWD_SM90_BODY
+#if MSA_SM90A_ENABLED
     // Swizzled tiles need 1024-byte alignment; dynamic shared memory starts aligned when the
     // kernel has no static shared memory, and a misaligned start would fail loudly here.
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         tma_prefetch_map(&qmap);
         tma_prefetch_map(&kmap);
@@ -570,7 +569,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Encodes the maps and launches on `sms` persistent CTAs. counts/entries come from
+// The forward's scratch (msa_attn_forward_workspace_bytes): tile-union counts [4, tiles] i32,
+// entries [4, tiles, 128] int4 and query positions [T] i32, each part 256-byte aligned.
+struct Workspace {
+    size_t counts, entries, wpos, bytes;
+};
+
+inline Workspace workspace_layout(int total_q) {
+    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    const size_t tiles = (static_cast<size_t>(total_q) + kQueriesPerCta - 1) / kQueriesPerCta;
+    Workspace w;
+    w.counts = 0;
+    w.entries = align(kGroups * tiles * sizeof(int32_t));
+    w.wpos = w.entries + align(kGroups * tiles * kUnionMax * sizeof(int4));
+    w.bytes = w.wpos + align(static_cast<size_t>(total_q) * sizeof(int32_t));
+    return w;
+}
+
+// Encodes the maps and launches min(items, sms) persistent CTAs. counts/entries/wpos come from
 // tile_union_kernel over the same topk and varlen.
 template <Schedule kSchedule>
 inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int sms,
@@ -583,24 +599,42 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
         const uint64_t dims[3] = {kHeadDim, kHeads, static_cast<uint64_t>(vl.total_q)};
         const uint64_t strides[2] = {kHeadDim * 2, kHeads * kHeadDim * 2};
         const uint32_t box[3] = {64, kHeadsPerGroup, kQueriesPerCta};
-        cudaError_t e = sm90::encode_bf16_sw128(&qmap, q, 3, dims, strides, box);
-        if (e != cudaSuccess) return e;
+        MSA_TRY(sm90::encode_bf16_sw128(&qmap, q, 3, dims, strides, box));
     }
     for (int which = 0; which < 2; ++which) {
         // k, v [Tk, 4 * 128] as rows: boxes of (64 d, 128 keys).
         const uint64_t dims[2] = {kGroups * kHeadDim, static_cast<uint64_t>(vl.total_k > 0 ? vl.total_k : 1)};
         const uint64_t strides[1] = {kGroups * kHeadDim * 2};
         const uint32_t box[2] = {64, kBlock};
-        cudaError_t e = sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box);
-        if (e != cudaSuccess) return e;
+        MSA_TRY(sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box));
     }
-    auto kernel = forward_kernel<kSchedule>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (e != cudaSuccess) return e;
     const int items = kGroups * p.tiles;
-    const int grid = items < sms ? items : sms;
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(qmap, kmap, vmap, p);
-    return cudaGetLastError();
+    return launch_smem(forward_kernel<kSchedule>, dim3(items < sms ? items : sms), dim3(kThreads), kSmemBytes, stream,
+                       qmap, kmap, vmap, p);
+}
+
+// The whole sm_90a forward of msa_attn_forward: tile unions, then the streaming kernel over
+// every tile (union_max = 128: measured faster than v1 on every selection pattern, random
+// included: docs/perf/attention-forward-sm90.md).
+inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
+    const MsaVarlen& vl = a.varlen;
+    const Workspace w = workspace_layout(vl.total_q);
+    if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
+    uint8_t* base = static_cast<uint8_t*>(a.workspace);
+    Params p;
+    p.counts = reinterpret_cast<int32_t*>(base + w.counts);
+    p.entries = reinterpret_cast<int4*>(base + w.entries);
+    p.wpos = reinterpret_cast<int32_t*>(base + w.wpos);
+    p.varlen = vl;
+    p.out = a.out;
+    p.lse = a.lse;
+    p.tiles = (vl.total_q + kQueriesPerCta - 1) / kQueriesPerCta;
+    p.union_max = kUnionMax;
+    int sms = 0;
+    MSA_TRY(current_device_sms(&sms));
+    MSA_TRY(launch(tile_union_kernel, dim3(p.tiles, kGroups), dim3(kTileUnionThreads), stream, a.topk, vl,
+                   const_cast<int32_t*>(p.counts), const_cast<int4*>(p.entries), const_cast<int32_t*>(p.wpos)));
+    return launch_forward<Schedule::kStream>(a.q, a.k, a.v, p, sms, stream);
 }
 
 }  // namespace msa::fwd90

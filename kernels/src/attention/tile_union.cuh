@@ -22,7 +22,8 @@ namespace msa {
 
 constexpr int kTileUnionThreads = kUnionMax;  // one thread per (query, slot) of a tile
 
-// Grid (tiles, 4), 128 threads.
+// Grid (tiles, 4), 128 threads. Internal linkage: each including translation unit launches its own.
+namespace {
 __global__ void __launch_bounds__(kTileUnionThreads)
     tile_union_kernel(const int32_t* __restrict__ topk, const MsaVarlen varlen, int32_t* __restrict__ counts,
                       int4* __restrict__ entries, int32_t* __restrict__ wpos) {
@@ -39,5 +40,6 @@ __global__ void __launch_bounds__(kTileUnionThreads)
         wpos[t0 + j] = c.phys_base * kBlock + c.pos;
     }
 }
+}  // namespace
 
 }  // namespace msa

@@ -40,6 +40,26 @@ inline cudaError_t current_device_sm(int* sm) {
     return cudaSuccess;
 }
 
+// The current device's multiprocessor count (the persistent sm_90a kernels launch one CTA per
+// SM), read once per device and cached like current_device_sm.
+inline cudaError_t current_device_sms(int* sms) {
+    int device = 0;
+    MSA_TRY(cudaGetDevice(&device));
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> cache[kCachedDevices];
+    const bool cacheable = device >= 0 && device < kCachedDevices;
+    if (cacheable) {
+        const int cached = cache[device].load(std::memory_order_relaxed);
+        if (cached != 0) {
+            *sms = cached;
+            return cudaSuccess;
+        }
+    }
+    MSA_TRY(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device));
+    if (cacheable) cache[device].store(*sms, std::memory_order_relaxed);
+    return cudaSuccess;
+}
+
 // Whether a device of compute capability sm runs sm_90a code.
 constexpr bool runs_sm90a(int sm) { return sm == 90; }
 

@@ -13,8 +13,19 @@
 use super::{DevicePtr, Stream};
 use crate::{sys, KernelError};
 
+/// Scratch bytes [`forward`] needs for this layout (host arithmetic on `varlen.total_q`): the
+/// sm_90a path's tile unions.
+pub fn forward_workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
+    let mut bytes = 0usize;
+    // SAFETY: the launcher reads only the size fields of `varlen` and writes `bytes`.
+    let code = unsafe { sys::msa_attn_forward_workspace_bytes(varlen, &mut bytes) };
+    KernelError::check("msa_attn_forward_workspace_bytes", code)?;
+    Ok(bytes)
+}
+
 /// `out` (bf16 `[T, 64, 128]`) and `lse` (f32 `[T, 64]`) of the sparse attention of q, k, v
-/// (bf16) over `topk` (i32 `[4, T, 16]`, validated). Deterministic.
+/// (bf16) over `topk` (i32 `[4, T, 16]`, validated). Deterministic. On compute capability 9.0
+/// the sm_90a kernel runs, using `params.workspace` ([`forward_workspace_bytes`] bytes).
 ///
 /// # Safety
 /// Every pointer of `params` must be a device allocation of the documented size in the current
@@ -24,6 +35,33 @@ pub unsafe fn forward(params: &sys::MsaAttnFwdParams, stream: Stream) -> Result<
     // SAFETY: the caller upholds this function's contract; `params` outlives the call.
     KernelError::check("msa_attn_forward", unsafe {
         sys::msa_attn_forward(params, stream)
+    })
+}
+
+/// Scratch bytes [`backward_sm90`] needs for this layout (host arithmetic on `varlen`'s sizes).
+pub fn backward_sm90_workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
+    let mut bytes = 0usize;
+    // SAFETY: the launcher reads only the size fields of `varlen` and writes `bytes`.
+    let code = unsafe { sys::msa_attn_backward_sm90_workspace_bytes(varlen, &mut bytes) };
+    KernelError::check("msa_attn_backward_sm90_workspace_bytes", code)?;
+    Ok(bytes)
+}
+
+/// dQ, dK, dV (bf16, written in full) by the sm_90a KV-outer backward over prepare's physical
+/// CSR; reads the inputs, the dK/dV section's CSR and outputs, `params.dq` and the workspace
+/// ([`backward_sm90_workspace_bytes`]). Compute capability 9.0 only (an error elsewhere). Not
+/// bitwise repeatable (dQ is reduced in arrival order).
+///
+/// # Safety
+/// As [`forward`] for the fields it reads; the physical CSR must be prepare's of this layout
+/// and a validated selection.
+pub unsafe fn backward_sm90(
+    params: &sys::MsaAttnBwdParams,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract; `params` outlives the call.
+    KernelError::check("msa_attn_backward_sm90", unsafe {
+        sys::msa_attn_backward_sm90(params, stream)
     })
 }
 

@@ -7,8 +7,8 @@ use half::bf16;
 use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
 
 use super::attention_bwd::{
-    launch_backward_deterministic, launch_backward_main, Accumulators, BackwardTensors,
-    DevicePhysicalCsr, Gradients, TaskBuffers,
+    launch_backward_deterministic, launch_backward_main, launch_backward_sm90, Accumulators,
+    BackwardTensors, DevicePhysicalCsr, Gradients, TaskBuffers,
 };
 use super::attention_fwd::{launch_forward, ForwardInputs};
 use super::{CudaMsa, Metadata};
@@ -72,9 +72,11 @@ impl CudaMsa {
         Ok(DeviceForward { out, lse })
     }
 
-    /// dQ, dK, dV from the forward's `out` and `lse`: delta preprocess, then either the device
-    /// task build + the KV-parallel main kernel (fp32 atomics) + the bf16 postprocess, or the
-    /// deterministic pair. Keys no query selected get exact zeros.
+    /// dQ, dK, dV from the forward's `out` and `lse`: delta preprocess, then on Hopper the sm_90a
+    /// KV-outer backward over prepare's physical CSR (unless [`CudaMsa::with_sm80_kernels`]),
+    /// elsewhere the device task build + the KV-parallel main kernel (fp32 atomics) + the bf16
+    /// postprocess; with `deterministic`, the bitwise-repeatable pair on every device. Keys no
+    /// query selected get exact zeros.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -103,7 +105,14 @@ impl CudaMsa {
         let mut dq = self.output::<bf16>(t * NUM_Q_HEADS * HEAD_DIM)?;
         let mut dk = self.output::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM)?;
         let mut dv = self.output::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM)?;
-        if opts.deterministic {
+        if !opts.deterministic && self.uses_sm90_kernels() {
+            let grads = Gradients {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            };
+            launch_backward_sm90(self, layout, &tensors, &meta.physical_csr(), grads)?;
+        } else if opts.deterministic {
             let grads = Gradients {
                 dq: &mut dq,
                 dk: &mut dk,

@@ -195,3 +195,48 @@ pub(crate) fn launch_backward_deterministic(
     }
     Ok(())
 }
+
+/// Enqueues the sm_90a backward (compute capability 9.0): KV-outer over `csr` with its own
+/// scratch (dQ accumulator, work items, split-row dK/dV slots); writes every element of the
+/// gradients. dQ is reduced in arrival order, so it is not bitwise repeatable.
+pub(crate) fn launch_backward_sm90(
+    msa: &CudaMsa,
+    layout: &DeviceLayout,
+    inputs: &BackwardTensors<'_>,
+    csr: &DevicePhysicalCsr<'_>,
+    grads: Gradients<'_>,
+) -> Result<()> {
+    inputs.check(layout)?;
+    csr.check(layout)?;
+    layout.check("dq", grads.dq, Shape::Queries)?;
+    layout.check("dk", grads.dk, Shape::Keys)?;
+    layout.check("dv", grads.dv, Shape::Keys)?;
+
+    let varlen = layout.varlen(msa);
+    let bytes = msa_kernels::launch::attention::backward_sm90_workspace_bytes(varlen)?;
+    // SAFETY: scratch; the launcher zeroes or writes every word before reading it.
+    let mut workspace = unsafe { msa.stream().alloc::<u8>(bytes.max(1))? };
+    let s = msa.stream();
+    let (ws, _gw) = workspace.device_ptr_mut(s);
+    let (row_ptr, _gr) = csr.row_ptr.device_ptr(s);
+    let (q_indices, _gi) = csr.q_indices.device_ptr(s);
+    let (valid, _gv) = csr.valid.device_ptr(s);
+    let (dq, _gq) = grads.dq.device_ptr_mut(s);
+    let (dk, _gk) = grads.dk.device_ptr_mut(s);
+    let (dv, _gd) = grads.dv.device_ptr_mut(s);
+    let params = sys::MsaAttnBwdParams {
+        dq: dq as *mut u16,
+        phys_row_ptr: row_ptr as *const i32,
+        phys_q_indices: q_indices as *const i32,
+        phys_valid: valid as *const i32,
+        dk: dk as *mut u16,
+        dv: dv as *mut u16,
+        workspace: ws as *mut std::ffi::c_void,
+        workspace_bytes: bytes,
+        ..inputs.params(msa, varlen)
+    };
+    // SAFETY: lengths checked above, the workspace holds `bytes` (freed in stream order after
+    // the launches); every buffer is a live allocation of this context on the context's stream.
+    unsafe { msa_kernels::launch::attention::backward_sm90(&params, msa.raw_stream())? };
+    Ok(())
+}

@@ -1,4 +1,5 @@
-//! Sparse attention forward on device buffers: shape checks, then `msa_attn_forward`.
+//! Sparse attention forward on device buffers: shape checks, then `msa_attn_forward` (the sm_90a
+//! kernel on Hopper unless [`CudaMsa::with_sm80_kernels`], with its tile-union workspace).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -34,8 +35,12 @@ pub(crate) fn launch_forward(
     layout.check("out", out, Shape::Queries)?;
     layout.check("lse", lse, Shape::QueryHeads)?;
 
-    let s = msa.stream();
     let varlen = layout.varlen(msa);
+    let bytes = msa_kernels::launch::attention::forward_workspace_bytes(varlen)?;
+    // SAFETY: scratch; the kernels write every word they read.
+    let mut workspace = unsafe { msa.stream().alloc::<u8>(bytes.max(1))? };
+    let s = msa.stream();
+    let (ws, _gw) = workspace.device_ptr_mut(s);
     let (q, _gq) = inputs.q.device_ptr(s);
     let (k, _gk) = inputs.k.device_ptr(s);
     let (v, _gv) = inputs.v.device_ptr(s);
@@ -50,9 +55,13 @@ pub(crate) fn launch_forward(
         varlen,
         out: out as *mut u16,
         lse: lse as *mut f32,
+        workspace: ws as *mut std::ffi::c_void,
+        workspace_bytes: bytes,
+        force_sm80: i32::from(!msa.uses_sm90_kernels()),
     };
-    // SAFETY: every buffer is a live allocation of this context with the length checked above,
-    // `varlen` points into `layout`'s live arrays, and the stream is the context's.
+    // SAFETY: every buffer is a live allocation of this context with the length checked above
+    // (the workspace holds `bytes`; dropping it after the launch is safe: cudarc frees in stream
+    // order), `varlen` points into `layout`'s live arrays, and the stream is the context's.
     unsafe { msa_kernels::launch::attention::forward(&params, msa.raw_stream())? };
     Ok(())
 }

@@ -53,6 +53,7 @@ pub struct CudaMsa {
     stream: Arc<CudaStream>,
     device: msa_probe::DeviceInfo,
     poison_outputs: bool,
+    sm80_kernels: bool,
 }
 
 impl CudaMsa {
@@ -69,7 +70,21 @@ impl CudaMsa {
             stream,
             device,
             poison_outputs: false,
+            sm80_kernels: false,
         })
+    }
+
+    /// Run the mma.sync (sm_80) attention kernels even on Hopper: the reference path the sm_90a
+    /// kernels are checked and benchmarked against. Off by default.
+    pub fn with_sm80_kernels(mut self, on: bool) -> Self {
+        self.sm80_kernels = on;
+        self
+    }
+
+    /// Whether the attention runs the sm_90a kernels: a compute capability 9.0 device and
+    /// [`CudaMsa::with_sm80_kernels`] off.
+    pub fn uses_sm90_kernels(&self) -> bool {
+        !self.sm80_kernels && self.device.capability == (9, 0)
     }
 
     /// Fill every output buffer the facade allocates with [`Poison`] before kernels run.

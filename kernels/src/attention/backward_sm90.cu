@@ -1,0 +1,96 @@
+// The sm_90a backward (msa_attn_backward_sm90): the device item build, the KV-outer main kernel
+// and the dK/dV finisher of attention/backward_sm90.cuh, with the dQ accumulator zeroed first and
+// cast last. Compute capability 9.0 only: other devices take the mma.sync backward.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "msa/attention.h"
+#include "common/arch_dispatch.cuh"
+#include "common/constants.cuh"
+#include "common/launch.cuh"
+#include "attention/backward_items.cuh"
+#include "attention/backward_sm90.cuh"
+
+namespace msa::bwd90 {
+namespace {
+
+// msa_attn_backward_sm90_workspace_bytes' parts, each 256-byte aligned.
+struct Workspace {
+    size_t dq_accum, items, split_slot, counts, dkv_acc, bytes;
+    int item_capacity;
+};
+
+Workspace workspace_layout(const MsaVarlen& vl) {
+    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    const size_t t = static_cast<size_t>(vl.total_q), p = static_cast<size_t>(vl.padded_kv_blocks);
+    const size_t edges = kGroups * t * kTopK;
+    Workspace w;
+    w.item_capacity = static_cast<int>(kGroups * p + (edges + kKvItemQueries - 1) / kKvItemQueries);
+    const size_t slots = edges / (kKvItemQueries + 1);
+    w.dq_accum = 0;
+    w.items = align(t * kHeads * kHeadDim * sizeof(float));
+    w.split_slot = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
+    w.counts = w.split_slot + align(kGroups * p * sizeof(int32_t));
+    w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
+    w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
+    return w;
+}
+
+cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
+    const MsaVarlen& vl = a.varlen;
+    const Workspace w = workspace_layout(vl);
+    if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
+    uint8_t* base = static_cast<uint8_t*>(a.workspace);
+    float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
+    int4* items = reinterpret_cast<int4*>(base + w.items);
+    int32_t* split_slot = reinterpret_cast<int32_t*>(base + w.split_slot);
+    int32_t* counts = reinterpret_cast<int32_t*>(base + w.counts);
+    float* dkv_acc = reinterpret_cast<float*>(base + w.dkv_acc);
+    int sms = 0;
+    MSA_TRY(current_device_sms(&sms));
+
+    MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
+    MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
+                   vl.padded_kv_blocks, w.item_capacity, items, split_slot, counts));
+    MSA_TRY(launch(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), stream, static_cast<const int32_t*>(counts),
+                   reinterpret_cast<float4*>(dkv_acc)));
+    Params p;
+    p.items = items;
+    p.counts = counts;
+    p.phys_q_indices = a.phys_q_indices;
+    p.phys_valid = a.phys_valid;
+    p.lse = a.lse;
+    p.delta = a.delta;
+    p.split_slot = split_slot;
+    p.varlen = vl;
+    p.dq_accum = dq_accum;
+    p.dkv_acc = dkv_acc;
+    p.dk = a.dk;
+    p.dv = a.dv;
+    MSA_TRY(launch_backward(a.q, a.k, a.v, a.dout, p, w.item_capacity, sms, stream));
+    if (vl.padded_kv_blocks > 0)
+        MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
+                       a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
+                       vl, a.dk, a.dv));
+    return static_cast<cudaError_t>(msa_attn_backward_postprocess_dq(dq_accum, vl.total_q, a.dq, stream));
+}
+
+}  // namespace
+}  // namespace msa::bwd90
+
+extern "C" int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
+    if (bytes == nullptr || varlen.total_q < 0 || varlen.padded_kv_blocks < 0) return cudaErrorInvalidValue;
+    *bytes = msa::bwd90::workspace_layout(varlen).bytes;
+    return cudaSuccess;
+}
+
+extern "C" int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream) {
+    if (params == nullptr) return cudaErrorInvalidValue;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int sm = 0;
+    MSA_TRY(msa::current_device_sm(&sm));
+    if (!msa::runs_sm90a(sm)) return cudaErrorNotSupported;
+    if (params->varlen.total_q <= 0 && params->varlen.total_k <= 0) return cudaSuccess;
+    return msa::bwd90::run(*params, s);
+}
