@@ -31,8 +31,8 @@ mod proptests;
 pub use backward::task_build;
 pub use backward::{
     build_backward_tasks, chunk_map, cta_row_interval, grid_launch_bound, rows_per_cta,
-    task_build_sizes, CtaWalk, Int32Array, MsaBackwardSchedule, ScheduleParts, TaskBuildSizes,
-    TaskTables,
+    task_build_buffer_sizes, task_build_sizes, CtaWalk, Int32Array, MsaBackwardSchedule,
+    ScheduleParts, TaskBuildSizes, TaskTables,
 };
 pub use csr::{build_k2q_csr, build_physical_csr, K2qCsr, PhysicalCsr};
 pub use error::{PlanError, Result};

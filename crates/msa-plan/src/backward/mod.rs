@@ -17,5 +17,7 @@ pub mod task_build;
 pub mod walk;
 
 pub use schedule::{Int32Array, MsaBackwardSchedule, ScheduleParts};
-pub use task_build::{build_backward_tasks, task_build_sizes, TaskBuildSizes, TaskTables};
+pub use task_build::{
+    build_backward_tasks, task_build_buffer_sizes, task_build_sizes, TaskBuildSizes, TaskTables,
+};
 pub use walk::{chunk_map, cta_row_interval, grid_launch_bound, rows_per_cta, CtaWalk};

@@ -61,6 +61,23 @@ pub fn task_build_sizes(
     num_tokens: usize,
     workspace_rows: usize,
 ) -> Result<TaskBuildSizes> {
+    task_build_buffer_sizes(
+        schedule.edge_capacity(),
+        schedule.work_capacity(),
+        num_tokens,
+        workspace_rows,
+    )
+}
+
+/// [`task_build_sizes`] from the schedule's shapes alone (`q_indices` width `edge_capacity`,
+/// `scheduler_metadata` rows `work_capacity`), for callers that hold the schedule on the device
+/// only (`msa::raw`); the same rules and messages.
+pub fn task_build_buffer_sizes(
+    edge_capacity: usize,
+    work_capacity: usize,
+    num_tokens: usize,
+    workspace_rows: usize,
+) -> Result<TaskBuildSizes> {
     fits_i32("num_tokens", num_tokens)?;
     fits_i32("workspace_rows", workspace_rows)?;
     if !workspace_rows.is_multiple_of(BLOCK_SIZE) {
@@ -68,8 +85,9 @@ pub fn task_build_sizes(
             "workspace_rows must be a multiple of {BLOCK_SIZE}, got {workspace_rows}"
         )));
     }
-    let work_capacity = schedule.work_capacity();
-    let capacity = NUM_INDEX_HEADS * schedule.edge_capacity() / TASK_QUERIES + work_capacity;
+    fits_i32("edge capacity", edge_capacity)?;
+    fits_i32("work capacity", work_capacity)?;
+    let capacity = NUM_INDEX_HEADS * edge_capacity / TASK_QUERIES + work_capacity;
     let num_windows = num_tokens.div_ceil(LOCALITY_WINDOW);
     let num_kblocks = workspace_rows / BLOCK_SIZE;
     let bins = NUM_INDEX_HEADS * num_windows * num_kblocks.max(1);

@@ -5,6 +5,7 @@
 
 mod csr;
 mod flops;
+mod layout_device;
 mod mutations;
 mod packed;
 mod tasks;
