@@ -1,8 +1,10 @@
-// Utility family: build information, CUDA error strings, buffer fills.
+// Utility family: build information, CUDA error strings, buffer fills and zeroing, and the one
+// synchronizing call of the ABI (a device-to-host read of a validation word).
 #include "msa/util.h"
 
 #include <cuda_runtime.h>
 
+#include "common/arch_dispatch.cuh"
 #include "common/launch.cuh"
 
 #ifndef MSA_KERNEL_ARCHS
@@ -58,4 +60,34 @@ extern "C" int msa_util_fill_u32(uint32_t* out, size_t n, uint32_t value, void* 
     blocks = blocks < 1 ? 1 : (blocks > kFillMaxBlocks ? kFillMaxBlocks : blocks);
     return msa::launch(fill_u32_kernel, unsigned(blocks), kFillThreads, static_cast<cudaStream_t>(stream), out, n,
                        head, n_vec, value);
+}
+
+extern "C" int msa_util_zero(void* out, size_t bytes, void* stream) {
+    if (bytes == 0) {
+        return cudaSuccess;
+    }
+    if (out == nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    return cudaMemsetAsync(out, 0, bytes, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int msa_util_copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
+    if (bytes == 0) {
+        return cudaSuccess;
+    }
+    if (dst == nullptr || src == nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    MSA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    return cudaStreamSynchronize(s);
+}
+
+extern "C" int msa_util_device_sm(int* sm, int* sms) {
+    if (sm == nullptr || sms == nullptr) {
+        return cudaErrorInvalidValue;
+    }
+    MSA_TRY(msa::current_device_sm(sm));
+    return msa::current_device_sms(sms);
 }

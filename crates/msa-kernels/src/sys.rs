@@ -365,6 +365,41 @@ impl Default for MsaAttnBwdParams {
         }
     }
 }
+#[doc = " Output tensors of msa_prepare_layout (int32): the derived arrays of MsaVarlen."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct MsaLayoutOutputs {
+    #[doc = " [batch]: fragment_indices, or b when absent"]
+    pub fragment_first: *mut i32,
+    #[doc = " [total_q]: fragment of each packed query (may be NULL when\ntotal_q = 0)"]
+    pub query_fragment: *mut i32,
+    #[doc = " [padded_kv_blocks]: packed K row of the block's key 0, -1 for\npadding"]
+    pub block_key_start: *mut i32,
+    #[doc = " [padded_kv_blocks]: keys the document stores in the block (the\nlongest fragment's), 0 for padding"]
+    pub block_key_count: *mut i32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of MsaLayoutOutputs"][::std::mem::size_of::<MsaLayoutOutputs>() - 32usize];
+    ["Alignment of MsaLayoutOutputs"][::std::mem::align_of::<MsaLayoutOutputs>() - 8usize];
+    ["Offset of field: MsaLayoutOutputs::fragment_first"]
+        [::std::mem::offset_of!(MsaLayoutOutputs, fragment_first) - 0usize];
+    ["Offset of field: MsaLayoutOutputs::query_fragment"]
+        [::std::mem::offset_of!(MsaLayoutOutputs, query_fragment) - 8usize];
+    ["Offset of field: MsaLayoutOutputs::block_key_start"]
+        [::std::mem::offset_of!(MsaLayoutOutputs, block_key_start) - 16usize];
+    ["Offset of field: MsaLayoutOutputs::block_key_count"]
+        [::std::mem::offset_of!(MsaLayoutOutputs, block_key_count) - 24usize];
+};
+impl Default for MsaLayoutOutputs {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = " Output tensors of msa_prepare_metadata (int32, row-major). T = varlen.total_q,\n R = varlen.total_rows, P = varlen.padded_kv_blocks, B = varlen.batch, cap = work_capacity.\n Every element is written by the launcher (no pre-fill needed)."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -633,6 +668,24 @@ unsafe extern "C" {
         value: u32,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
+    #[doc = " The current device's compute capability as 10 * major + minor (*sm) and its multiprocessor\n count (*sms): the values the launchers dispatch on and size their persistent grids by, read\n with cudaDeviceGetAttribute the first time per device and cached for the process (so a call\n before a CUDA-graph capture makes the captured launchers read only the cache). Returns a\n cudaError_t code."]
+    pub fn msa_util_device_sm(
+        sm: *mut ::std::os::raw::c_int,
+        sms: *mut ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " Sets bytes bytes at out to zero on stream (cudaMemsetAsync; any alignment). Returns a\n cudaError_t code."]
+    pub fn msa_util_zero(
+        out: *mut ::std::os::raw::c_void,
+        bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " Copies bytes bytes from device memory src to host memory dst on stream and waits for the\n stream: the one launcher of the ABI that synchronizes (the explicit validation read of\n msa::raw::validate_prepare); not allowed while the stream is being captured. Returns a\n cudaError_t code."]
+    pub fn msa_util_copy_to_host(
+        dst: *mut ::std::os::raw::c_void,
+        src: *const ::std::os::raw::c_void,
+        bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
     #[doc = " Workspace bytes of msa_attn_forward for T = varlen.total_q (host arithmetic, no CUDA call): the\n sm_90a path's tile unions (counts [4, ceil(T / 8)] i32, entries [4, ceil(T / 8), 128] int4,\n query positions [T] i32, each part 256-byte aligned); the sm_80 path ignores it."]
     pub fn msa_attn_forward_workspace_bytes(
         varlen: MsaVarlen,
@@ -690,6 +743,18 @@ unsafe extern "C" {
         varlen: MsaVarlen,
         dk: *mut u16,
         dv: *mut u16,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " Derives the layout arrays of MsaVarlen from cu_seqlens_q, cu_seqlens_k ([batch + 1] each) and\n fragment_indices ([batch], or NULL for plain documents) with msa_plan::VarlenLayout's rule\n (fragment_first, query_fragments, physical_block_keys), word for word. The inputs must form a\n valid layout (msa_plan::VarlenLayout::new's rules, cu_seqlens_q[batch] = total_q,\n cu_seqlens_k[batch] = total_k); invalid ones give meaningless arrays but no out-of-bounds\n access. padded_kv_blocks must be (total_k + (batch + 1) * 128 - 1) / 128 and batch >= 1, else\n cudaErrorInvalidValue and nothing is enqueued. One kernel (grid-stride, 256 threads, every\n element written by one thread: deterministic), no host synchronization, graph-capturable.\n Returns a cudaError_t code."]
+    pub fn msa_prepare_layout(
+        cu_seqlens_q: *const i32,
+        cu_seqlens_k: *const i32,
+        fragment_indices: *const i32,
+        batch: i32,
+        total_q: i32,
+        total_k: i32,
+        padded_kv_blocks: i32,
+        out: MsaLayoutOutputs,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of\n varlen are read): CUB temporary storage plus the sort and count arrays. Host-only, but CUB\n asks the runtime for the current device's properties, so a context must be current.\n Writes *bytes; returns a cudaError_t code."]

@@ -143,3 +143,48 @@ fn task_build_rejects_sizes_that_differ_from_the_planner() {
         assert_eq!(err.code, INVALID_VALUE, "{scratch} {tables}");
     }
 }
+
+#[test]
+fn layout_launcher_rejects_inconsistent_sizes_before_any_launch() {
+    let fake = 16u64; // never dereferenced: the size checks come first
+    let out = sys::MsaLayoutOutputs {
+        fragment_first: fake as *mut i32,
+        query_fragment: fake as *mut i32,
+        block_key_start: fake as *mut i32,
+        block_key_count: fake as *mut i32,
+    };
+    let null = std::ptr::null_mut();
+    // (batch, total_q, total_k, padded_kv_blocks): batch 0, and P != (Tk + (B + 1) * 128 - 1) / 128.
+    for (b, t, tk, p) in [
+        (0, 0, 0, 1),
+        (1, 10, 300, 5),
+        (2, 10, 300, 6),
+        (1, -1, 0, 1),
+    ] {
+        // SAFETY: rejected on the sizes, before any pointer is used or kernel launched.
+        let err =
+            unsafe { launch::prepare::layout(fake, fake, 0, b, t, tk, p, out, null) }.unwrap_err();
+        assert_eq!(
+            (err.kernel, err.code),
+            ("msa_prepare_layout", INVALID_VALUE),
+            "{b} {t} {tk} {p}"
+        );
+    }
+    // Null cu_seqlens with consistent sizes: rejected too.
+    // SAFETY: as above.
+    let err = unsafe { launch::prepare::layout(0, fake, 0, 1, 10, 300, 4, out, null) }.unwrap_err();
+    assert_eq!(err.code, INVALID_VALUE);
+}
+
+#[test]
+fn empty_zero_and_read_need_no_device() {
+    let null = std::ptr::null_mut();
+    // SAFETY: zero bytes: both return before any CUDA call.
+    unsafe {
+        launch::util::zero(0, 0, null).unwrap();
+        launch::util::read_i32(0, &mut [], null).unwrap();
+    }
+    // SAFETY: a null destination of a non-empty zeroing is rejected before any CUDA call.
+    let err = unsafe { launch::util::zero(0, 4, null) }.unwrap_err();
+    assert_eq!((err.kernel, err.code), ("msa_util_zero", INVALID_VALUE));
+}

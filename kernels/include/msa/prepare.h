@@ -1,7 +1,9 @@
-/* Prepare family: the device-built metadata of one top-k selection (docs/design.md "Device data
- * of one call"; contract §4.1-§4.3). One launcher enqueues the whole pipeline on a stream with no
+/* Prepare family: the device-built layout arrays of one packed layout (msa_prepare_layout) and the
+ * device-built metadata of one top-k selection (msa_prepare_metadata; docs/design.md "Device data
+ * of one call"; contract §4.1-§4.3). Each launcher enqueues its whole pipeline on a stream with no
  * host synchronization, so it can be captured in a CUDA graph; every output equals the host
- * planner's table word for word (msa_plan::topk, csr, schedule), which the GPU suite checks.
+ * planner's table word for word (msa_plan::layout, topk, csr, schedule), which the GPU suite
+ * checks.
  *
  * Construction is deterministic: counts use commutative atomics only, every order comes from a
  * stable radix sort of the edges in (head, query, slot) order, and the first fault of the top-k
@@ -17,6 +19,31 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Output tensors of msa_prepare_layout (int32): the derived arrays of MsaVarlen. */
+typedef struct MsaLayoutOutputs {
+    int32_t* fragment_first;  /* [batch]: fragment_indices, or b when absent */
+    int32_t* query_fragment;  /* [total_q]: fragment of each packed query (may be NULL when
+                                 total_q = 0) */
+    int32_t* block_key_start; /* [padded_kv_blocks]: packed K row of the block's key 0, -1 for
+                                 padding */
+    int32_t* block_key_count; /* [padded_kv_blocks]: keys the document stores in the block (the
+                                 longest fragment's), 0 for padding */
+} MsaLayoutOutputs;
+
+/* Derives the layout arrays of MsaVarlen from cu_seqlens_q, cu_seqlens_k ([batch + 1] each) and
+ * fragment_indices ([batch], or NULL for plain documents) with msa_plan::VarlenLayout's rule
+ * (fragment_first, query_fragments, physical_block_keys), word for word. The inputs must form a
+ * valid layout (msa_plan::VarlenLayout::new's rules, cu_seqlens_q[batch] = total_q,
+ * cu_seqlens_k[batch] = total_k); invalid ones give meaningless arrays but no out-of-bounds
+ * access. padded_kv_blocks must be (total_k + (batch + 1) * 128 - 1) / 128 and batch >= 1, else
+ * cudaErrorInvalidValue and nothing is enqueued. One kernel (grid-stride, 256 threads, every
+ * element written by one thread: deterministic), no host synchronization, graph-capturable.
+ * Returns a cudaError_t code. */
+int msa_prepare_layout(const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                       const int32_t* fragment_indices, int32_t batch, int32_t total_q,
+                       int32_t total_k, int32_t padded_kv_blocks, MsaLayoutOutputs out,
+                       void* stream);
 
 /* Output tensors of msa_prepare_metadata (int32, row-major). T = varlen.total_q,
  * R = varlen.total_rows, P = varlen.padded_kv_blocks, B = varlen.batch, cap = work_capacity.

@@ -1,8 +1,47 @@
-//! Prepare family (`kernels/include/msa/prepare.h`): the device-built metadata of one top-k
-//! selection (validation word, k2q CSR, work list, physical CSR).
+//! Prepare family (`kernels/include/msa/prepare.h`): the layout arrays of one packed layout
+//! ([`layout`]) and the device-built metadata of one top-k selection ([`metadata`]: validation
+//! word, k2q CSR, work list, physical CSR).
 
 use super::{DevicePtr, Stream};
 use crate::{sys, KernelError};
+
+/// Derives `out` (fragment_first `[batch]`, query_fragment `[total_q]`, block_key_start and
+/// block_key_count `[padded_kv_blocks]`) from the cu_seqlens and the optional fragment_indices on
+/// `stream`, without synchronizing (msa_plan::VarlenLayout's rule, word for word).
+///
+/// # Safety
+/// `cu_seqlens_q`, `cu_seqlens_k` must hold `batch + 1` i32 and `fragment_indices` (0 for none)
+/// `batch` i32, forming a valid layout whose last entries are `total_q` and `total_k`; every
+/// pointer of `out` must be a device allocation of the size `prepare.h` gives it, all usable from
+/// the current context, and `stream` a stream of it.
+// One argument per parameter of the C launcher it mirrors.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn layout(
+    cu_seqlens_q: DevicePtr,
+    cu_seqlens_k: DevicePtr,
+    fragment_indices: DevicePtr,
+    batch: i32,
+    total_q: i32,
+    total_k: i32,
+    padded_kv_blocks: i32,
+    out: sys::MsaLayoutOutputs,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_prepare_layout", unsafe {
+        sys::msa_prepare_layout(
+            cu_seqlens_q as *const i32,
+            cu_seqlens_k as *const i32,
+            fragment_indices as *const i32,
+            batch,
+            total_q,
+            total_k,
+            padded_kv_blocks,
+            out,
+            stream,
+        )
+    })
+}
 
 /// Scratch bytes [`metadata`] needs for `varlen`'s sizes (its pointers are not read).
 ///

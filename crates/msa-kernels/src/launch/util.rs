@@ -28,6 +28,48 @@ pub unsafe fn fill_u32(
     })
 }
 
+/// `(sm, sms)` of the current device: compute capability as `10·major + minor` and the
+/// multiprocessor count, the values the launchers dispatch on (read once per device and cached
+/// for the process).
+pub fn device_sm() -> Result<(i32, i32), KernelError> {
+    let (mut sm, mut sms) = (0, 0);
+    // SAFETY: writes two ints; uses the runtime's current device (no pointer of the caller).
+    let code = unsafe { sys::msa_util_device_sm(&mut sm, &mut sms) };
+    KernelError::check("msa_util_device_sm", code)?;
+    Ok((sm, sms))
+}
+
+/// Sets `bytes` bytes at `out` to zero, asynchronously on `stream`.
+///
+/// # Safety
+/// `out` must be a device allocation of at least `bytes` bytes, usable from the current context,
+/// and `stream` a stream of that context (or null).
+pub unsafe fn zero(out: DevicePtr, bytes: usize, stream: Stream) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_util_zero", unsafe {
+        sys::msa_util_zero(out as *mut std::ffi::c_void, bytes, stream)
+    })
+}
+
+/// Copies `dst.len()` i32 from the device address `src` into `dst` on `stream` and waits for
+/// the stream (the one synchronizing launcher; not allowed while `stream` is being captured).
+///
+/// # Safety
+/// `src` must be a device allocation of at least `dst.len()` i32, usable from the current
+/// context, and `stream` a stream of that context (or null).
+pub unsafe fn read_i32(src: DevicePtr, dst: &mut [i32], stream: Stream) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract; `dst` is host memory of the length
+    // copied.
+    KernelError::check("msa_util_copy_to_host", unsafe {
+        sys::msa_util_copy_to_host(
+            dst.as_mut_ptr().cast(),
+            src as *const std::ffi::c_void,
+            std::mem::size_of_val(dst),
+            stream,
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
