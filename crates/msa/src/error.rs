@@ -121,21 +121,3 @@ impl TopkFault {
 }
 
 pub type Result<T, E = MsaError> = std::result::Result<T, E>;
-
-/// Check that a host or device tensor has `expected` elements.
-#[cfg(feature = "msa")]
-pub(crate) fn check_len(
-    name: &'static str,
-    got: usize,
-    expected: usize,
-    shape: &str,
-) -> Result<()> {
-    if got != expected {
-        return Err(MsaError::Tensor {
-            name,
-            expected: format!("{expected} elements ({shape})"),
-            got: format!("{got} elements"),
-        });
-    }
-    Ok(())
-}

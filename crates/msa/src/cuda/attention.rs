@@ -1,18 +1,14 @@
 //! The public CUDA API of the attention (contract §1.2-1.3): forward and backward (atomic or
-//! deterministic) on the metadata of `prepare`. Every entry checks sizes before
-//! any launch and allocates its outputs through [`CudaMsa::output`] (poisoned when asked).
+//! deterministic) on the metadata of `prepare`. Each allocates its outputs through
+//! [`CudaMsa::output`] (poisoned when asked) and its workspace, then calls [`raw::forward`] /
+//! [`raw::backward`], which check every size before any launch.
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use msa_plan::topology::{BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
 
-use super::attention_bwd::{
-    launch_backward_deterministic, launch_backward_main, launch_backward_sm90, Accumulators,
-    BackwardTensors, DevicePhysicalCsr, Gradients, TaskBuffers,
-};
-use super::attention_fwd::{launch_forward, ForwardInputs};
-use super::{CudaMsa, Metadata};
+use super::{CudaMsa, Metadata, Views};
 use crate::error::Result;
+use crate::raw;
 
 /// Forward outputs: `out` bf16 `[T, 64, 128]`, `lse` f32 `[T, 64]` (natural log).
 pub struct DeviceForward {
@@ -34,18 +30,16 @@ pub struct BackwardOptions {
     pub deterministic: bool,
 }
 
-impl Metadata {
-    pub(crate) fn physical_csr(&self) -> DevicePhysicalCsr<'_> {
-        DevicePhysicalCsr {
-            row_ptr: self.phys_row_ptr(),
-            q_indices: self.phys_q_indices(),
-            valid: self.phys_valid(),
-        }
-    }
-}
-
 impl CudaMsa {
-    /// Sparse attention forward over `meta`'s selection.
+    /// The backward path this handle runs for `opts` (`raw::BackwardPath::select` on
+    /// [`CudaMsa::kernel_set`]).
+    pub fn backward_path(&self, opts: BackwardOptions) -> raw::BackwardPath {
+        raw::BackwardPath::select(opts.deterministic, self.kernel_set())
+    }
+
+    /// Sparse attention forward over `meta`'s selection: the sm_90a kernel on Hopper unless
+    /// [`CudaMsa::with_sm80_kernels`], with its tile-union workspace; the mma.sync kernel
+    /// elsewhere.
     pub fn forward(
         &self,
         meta: &Metadata,
@@ -54,21 +48,42 @@ impl CudaMsa {
         v: &CudaSlice<bf16>,
     ) -> Result<DeviceForward> {
         let layout = meta.layout();
-        let t = layout.host().total_q();
-        let mut out = self.output::<bf16>(t * NUM_Q_HEADS * HEAD_DIM)?;
-        let mut lse = self.output::<f32>(t * NUM_Q_HEADS)?;
-        launch_forward(
-            self,
-            layout,
-            &ForwardInputs {
-                q,
-                k,
-                v,
-                topk: meta.topk(),
-            },
-            &mut out,
-            &mut lse,
-        )?;
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let kernels = self.kernel_set();
+        let mut out = self.output::<bf16>(s.queries)?;
+        let mut lse = self.output::<f32>(s.query_heads)?;
+        let mut workspace = self.scratch(s.forward_workspace_bytes(kernels))?;
+        {
+            let mut g = Views::new(self)?;
+            let lay = layout.views(&mut g)?;
+            let m = meta.views(&mut g)?;
+            let inputs = raw::AttentionInputs {
+                q: g.read("q", q, s.queries)?,
+                k: g.read("k", k, s.keys)?,
+                v: g.read("v", v, s.keys)?,
+            };
+            let mut outputs = raw::ForwardOutputs {
+                out: g.write("out", &mut out, s.queries)?,
+                lse: g.write("lse", &mut lse, s.query_heads)?,
+            };
+            let ws = g.workspace("forward workspace", &mut workspace)?;
+            // SAFETY: every view is a live allocation of this context (guards held by `g` until
+            // the launch is enqueued; the workspace is freed in stream order after it), the
+            // stream is the context's, the layout and metadata are this call's.
+            unsafe {
+                raw::forward(
+                    shape,
+                    &lay,
+                    &m,
+                    &inputs,
+                    &mut outputs,
+                    kernels,
+                    ws,
+                    g.stream(),
+                )?
+            };
+        }
         Ok(DeviceForward { out, lse })
     }
 
@@ -90,62 +105,33 @@ impl CudaMsa {
         opts: BackwardOptions,
     ) -> Result<DeviceGrads> {
         let layout = meta.layout();
-        let h = layout.host();
-        let (t, tk) = (h.total_q(), h.total_k());
-        let mut delta = self.output::<f32>(t * NUM_Q_HEADS)?;
-        self.backward_delta_into(layout, out, dout, &mut delta)?;
-        let tensors = BackwardTensors {
-            q,
-            k,
-            v,
-            dout,
-            lse,
-            delta: &delta,
-        };
-        let mut dq = self.output::<bf16>(t * NUM_Q_HEADS * HEAD_DIM)?;
-        let mut dk = self.output::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM)?;
-        let mut dv = self.output::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM)?;
-        if !opts.deterministic && self.uses_sm90_kernels() {
-            let grads = Gradients {
-                dq: &mut dq,
-                dk: &mut dk,
-                dv: &mut dv,
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let path = self.backward_path(opts);
+        let mut dq = self.output::<bf16>(s.queries)?;
+        let mut dk = self.output::<bf16>(s.keys)?;
+        let mut dv = self.output::<bf16>(s.keys)?;
+        let mut workspace = self.scratch(s.backward_workspace_bytes(path))?;
+        {
+            let mut g = Views::new(self)?;
+            let lay = layout.views(&mut g)?;
+            let m = meta.views(&mut g)?;
+            let inputs = raw::BackwardInputs {
+                q: g.read("q", q, s.queries)?,
+                k: g.read("k", k, s.keys)?,
+                v: g.read("v", v, s.keys)?,
+                dout: g.read("dout", dout, s.queries)?,
+                out: g.read("out", out, s.queries)?,
+                lse: g.read("lse", lse, s.query_heads)?,
             };
-            launch_backward_sm90(self, layout, &tensors, &meta.physical_csr(), grads)?;
-        } else if opts.deterministic {
-            let grads = Gradients {
-                dq: &mut dq,
-                dk: &mut dk,
-                dv: &mut dv,
+            let mut grads = raw::Gradients {
+                dq: g.write("dq", &mut dq, s.queries)?,
+                dk: g.write("dk", &mut dk, s.keys)?,
+                dv: g.write("dv", &mut dv, s.keys)?,
             };
-            launch_backward_deterministic(
-                self,
-                layout,
-                &tensors,
-                meta.topk(),
-                &meta.physical_csr(),
-                grads,
-            )?;
-        } else {
-            let tasks = self.task_build(meta)?;
-            let pool = h.padded_kv_blocks() * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM;
-            let mut dq_accum = self.zeros::<f32>(t * NUM_Q_HEADS * HEAD_DIM)?;
-            let mut dk_pool = self.zeros::<f32>(pool)?;
-            let mut dv_pool = self.zeros::<f32>(pool)?;
-            let buffers = TaskBuffers {
-                tables: tasks.tables(),
-                scratch: tasks.scratch(),
-                capacity: tasks.sizes().capacity,
-                grid_launch: tasks.grid_launch(),
-            };
-            let acc = Accumulators {
-                dq: &mut dq_accum,
-                dk_pool: &mut dk_pool,
-                dv_pool: &mut dv_pool,
-            };
-            launch_backward_main(self, layout, &tensors, &buffers, acc)?;
-            self.backward_postprocess_dq_into(layout, &dq_accum, &mut dq)?;
-            self.backward_postprocess_dkv_into(layout, &dk_pool, &dv_pool, &mut dk, &mut dv)?;
+            let ws = g.workspace("backward workspace", &mut workspace)?;
+            // SAFETY: as in `forward`.
+            unsafe { raw::backward(shape, &lay, &m, &inputs, &mut grads, path, ws, g.stream())? };
         }
         Ok(DeviceGrads { dq, dk, dv })
     }

@@ -1,15 +1,13 @@
 //! The indexer family on device buffers: the lightning indexer forward
-//! (`msa_indexer_forward`) and the LSE of an attention selection's token sets
-//! (`msa_indexer_selection_lse`), each after shape checks.
+//! ([`raw::indexer_forward`]) and the LSE of an attention selection's token sets
+//! ([`raw::selection_lse`]); the raw calls check every size before any launch.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaSlice;
 use half::bf16;
-use msa_kernels::{launch, sys};
-use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
 
-use super::layout::Shape;
-use super::{CudaMsa, DeviceLayout, Metadata};
+use super::{CudaMsa, DeviceLayout, Metadata, Views};
 use crate::error::Result;
+use crate::raw;
 
 impl CudaMsa {
     /// The indexer forward (contract §3.1) of `qi` `[T, 4, 128]` against the shared index keys
@@ -23,36 +21,25 @@ impl CudaMsa {
         qi: &CudaSlice<bf16>,
         ki: &CudaSlice<bf16>,
     ) -> Result<(CudaSlice<i32>, CudaSlice<f32>)> {
-        let h = layout.host();
-        let t = h.total_q();
-        layout.check("qi", qi, Shape::IndexQueries)?;
-        layout.check("ki", ki, Shape::IndexKeys)?;
-        let mut topk = self.output::<i32>(NUM_INDEX_HEADS * t * TOPK_BLOCKS)?;
-        let mut lse = self.output::<f32>(NUM_INDEX_HEADS * t)?;
-
-        let varlen = layout.varlen(self);
-        let bytes = launch::indexer::workspace_bytes(varlen)?;
-        // SAFETY: scratch; the kernels write every word they read.
-        let workspace = unsafe { self.stream().alloc::<u8>(bytes.max(1))? };
-        let s = self.stream();
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut topk = self.output::<i32>(s.selection)?;
+        let mut lse = self.output::<f32>(s.index_lse)?;
+        let mut workspace = self.scratch(s.indexer_workspace_bytes)?;
         {
-            let (qi, _gq) = qi.device_ptr(s);
-            let (ki, _gk) = ki.device_ptr(s);
-            let (ws, _gw) = workspace.device_ptr(s);
-            let (topk, _gt) = topk.device_ptr_mut(s);
-            let (lse, _gl) = lse.device_ptr_mut(s);
-            let params = sys::MsaIndexerParams {
-                qi: qi as *const u16,
-                ki: ki as *const u16,
-                varlen,
-                topk: topk as *mut i32,
-                lse: lse as *mut f32,
+            let mut g = Views::new(self)?;
+            let lay = layout.views(&mut g)?;
+            let qi = g.read("qi", qi, s.index_queries)?;
+            let ki = g.read("ki", ki, s.index_keys)?;
+            let mut topk = g.write("indexer topk", &mut topk, s.selection)?;
+            let mut lse = g.write("indexer lse", &mut lse, s.index_lse)?;
+            let ws = g.workspace("indexer workspace", &mut workspace)?;
+            // SAFETY: every view is a live allocation of this context (guards held by `g` until
+            // the launches are enqueued; the workspace is freed in stream order after them), the
+            // stream is the context's and the layout is this shape's.
+            unsafe {
+                raw::indexer_forward(shape, &lay, qi, ki, &mut topk, &mut lse, ws, g.stream())?
             };
-            // SAFETY: qi, ki, topk and lse have the lengths checked or allocated above, the
-            // workspace holds `bytes` (cudarc allocations are 256-byte aligned), `varlen` points
-            // into `layout`'s live arrays and the stream is the context's. Dropping the
-            // workspace after the launch is safe: cudarc frees in stream order.
-            unsafe { launch::indexer::forward(&params, ws, bytes, self.raw_stream())? };
         }
         Ok((topk, lse))
     }
@@ -68,22 +55,18 @@ impl CudaMsa {
         ki: &CudaSlice<bf16>,
     ) -> Result<CudaSlice<f32>> {
         let layout = metadata.layout();
-        layout.check("qi", qi, Shape::IndexQueries)?;
-        layout.check("ki", ki, Shape::IndexKeys)?;
-        let mut lse = self.output::<f32>(NUM_INDEX_HEADS * layout.host().total_q())?;
-        let varlen = layout.varlen(self);
-        let s = self.stream();
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut lse = self.output::<f32>(s.index_lse)?;
         {
-            let (qi, _gq) = qi.device_ptr(s);
-            let (ki, _gk) = ki.device_ptr(s);
-            let (topk, _gt) = metadata.topk().device_ptr(s);
-            let (lse, _gl) = lse.device_ptr_mut(s);
-            // SAFETY: qi and ki have the lengths checked above, the selection is the metadata's
-            // `[4, T, 16]` and lse was allocated `[4, T]` for this layout; `varlen` points into
-            // the layout's live arrays and the stream is the context's.
-            unsafe {
-                launch::indexer::selection_lse(qi, ki, topk, varlen, lse, self.raw_stream())?
-            };
+            let mut g = Views::new(self)?;
+            let lay = layout.views(&mut g)?;
+            let topk = g.read("topk_indices", metadata.topk(), s.selection)?;
+            let qi = g.read("qi", qi, s.index_queries)?;
+            let ki = g.read("ki", ki, s.index_keys)?;
+            let mut out = g.write("indexer_lse", &mut lse, s.index_lse)?;
+            // SAFETY: as in `indexer_forward`.
+            unsafe { raw::selection_lse(shape, &lay, topk, qi, ki, &mut out, g.stream())? };
         }
         Ok(lse)
     }

@@ -1,15 +1,12 @@
-//! The KL backward of the index branch on device buffers: shape checks, then
-//! `msa_kl_backward` over the physical CSR of `prepare`.
+//! The KL backward of the index branch on device buffers: allocations, then [`raw::kl_backward`]
+//! (KV-outer over the physical CSR of `prepare`), which checks every size before any launch.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaSlice;
 use half::bf16;
-use msa_kernels::{launch, sys};
-use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS};
 
-use super::attention_bwd::DevicePhysicalCsr;
-use super::layout::Shape;
-use super::{CudaMsa, DeviceLayout, Metadata};
+use super::{CudaMsa, Metadata, Views};
 use crate::error::Result;
+use crate::raw;
 
 /// Inputs of the KL backward (contract §1.5): the attention's q `[T, 64, 128]` and k
 /// `[Tk, 4, 128]`, its forward LSE `teacher_lse` `[T, 64]`, the index tensors qi `[T, 4, 128]`
@@ -24,17 +21,6 @@ pub struct KlInputs<'a> {
     pub indexer_lse: &'a CudaSlice<f32>,
 }
 
-impl KlInputs<'_> {
-    fn check(&self, layout: &DeviceLayout) -> Result<()> {
-        layout.check("q", self.q, Shape::Queries)?;
-        layout.check("k", self.k, Shape::Keys)?;
-        layout.check("teacher_lse", self.teacher_lse, Shape::QueryHeads)?;
-        layout.check("qi", self.qi, Shape::IndexQueries)?;
-        layout.check("ki", self.ki, Shape::IndexKeys)?;
-        layout.check("indexer_lse", self.indexer_lse, Shape::IndexHeads)
-    }
-}
-
 impl CudaMsa {
     /// The KL backward (contract §3.2) of the selection `metadata` was built from: `(dqi, dki)`,
     /// bf16 `[T, 4, 128]` and `[Tk, 1, 128]`, every element written (keys in no token set get
@@ -47,78 +33,43 @@ impl CudaMsa {
         loss_coeff: f32,
     ) -> Result<(CudaSlice<bf16>, CudaSlice<bf16>)> {
         let layout = metadata.layout();
-        let h = layout.host();
-        let mut dqi = self.output::<bf16>(h.total_q() * NUM_INDEX_HEADS * INDEX_DIM)?;
-        let mut dki = self.output::<bf16>(h.total_k() * INDEX_DIM)?;
-        let csr = DevicePhysicalCsr {
-            row_ptr: metadata.phys_row_ptr(),
-            q_indices: metadata.phys_q_indices(),
-            valid: metadata.phys_valid(),
-        };
-        launch_kl_backward(
-            self,
-            layout,
-            inputs,
-            metadata.topk(),
-            &csr,
-            loss_coeff,
-            &mut dqi,
-            &mut dki,
-        )?;
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut dqi = self.output::<bf16>(s.index_queries)?;
+        let mut dki = self.output::<bf16>(s.index_keys)?;
+        let mut workspace = self.scratch(s.kl_workspace_bytes)?;
+        {
+            let mut g = Views::new(self)?;
+            let lay = layout.views(&mut g)?;
+            let m = metadata.views(&mut g)?;
+            let raw_inputs = raw::KlInputs {
+                q: g.read("q", inputs.q, s.queries)?,
+                k: g.read("k", inputs.k, s.keys)?,
+                teacher_lse: g.read("teacher_lse", inputs.teacher_lse, s.query_heads)?,
+                qi: g.read("qi", inputs.qi, s.index_queries)?,
+                ki: g.read("ki", inputs.ki, s.index_keys)?,
+                indexer_lse: g.read("indexer_lse", inputs.indexer_lse, s.index_lse)?,
+            };
+            let mut dqi_v = g.write("dqi", &mut dqi, s.index_queries)?;
+            let mut dki_v = g.write("dki", &mut dki, s.index_keys)?;
+            let ws = g.workspace("KL workspace", &mut workspace)?;
+            // SAFETY: every view is a live allocation of this context (guards held by `g` until
+            // the launches are enqueued; the workspace is freed in stream order after them), the
+            // stream is the context's, the layout and metadata are this call's.
+            unsafe {
+                raw::kl_backward(
+                    shape,
+                    &lay,
+                    &m,
+                    &raw_inputs,
+                    loss_coeff,
+                    &mut dqi_v,
+                    &mut dki_v,
+                    ws,
+                    g.stream(),
+                )?
+            };
+        }
         Ok((dqi, dki))
     }
-}
-
-/// Enqueues the KL backward into `dqi` `[T, 4, 128]` and `dki` `[Tk, 1, 128]` (bf16, written
-/// in full). `topk` `[4, T, 16]` must be validated and `csr` `prepare`'s physical CSR of it.
-// One argument per role, as the C launcher.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_kl_backward(
-    msa: &CudaMsa,
-    layout: &DeviceLayout,
-    inputs: &KlInputs<'_>,
-    topk: &CudaSlice<i32>,
-    csr: &DevicePhysicalCsr<'_>,
-    loss_coeff: f32,
-    dqi: &mut CudaSlice<bf16>,
-    dki: &mut CudaSlice<bf16>,
-) -> Result<()> {
-    inputs.check(layout)?;
-    layout.check("topk_indices", topk, Shape::Selection)?;
-    csr.check(layout)?;
-    layout.check("dqi", dqi, Shape::IndexQueries)?;
-    layout.check("dki", dki, Shape::IndexKeys)?;
-
-    let varlen = layout.varlen(msa);
-    let bytes = launch::kl::workspace_bytes(varlen)?;
-    // SAFETY: scratch; the kernels write every word they read.
-    let workspace = unsafe { msa.stream().alloc::<u8>(bytes.max(1))? };
-    let s = msa.stream();
-    let (ws, _gw) = workspace.device_ptr(s);
-    let (dqi, _gq) = dqi.device_ptr_mut(s);
-    let (dki, _gk) = dki.device_ptr_mut(s);
-    // With event tracking off (one stream orders everything) the guards record nothing, so the
-    // addresses may outlive them.
-    let params = sys::MsaKlParams {
-        q: inputs.q.device_ptr(s).0 as *const u16,
-        k: inputs.k.device_ptr(s).0 as *const u16,
-        teacher_lse: inputs.teacher_lse.device_ptr(s).0 as *const f32,
-        qi: inputs.qi.device_ptr(s).0 as *const u16,
-        ki: inputs.ki.device_ptr(s).0 as *const u16,
-        indexer_lse: inputs.indexer_lse.device_ptr(s).0 as *const f32,
-        topk: topk.device_ptr(s).0 as *const i32,
-        phys_row_ptr: csr.row_ptr.device_ptr(s).0 as *const i32,
-        phys_q_indices: csr.q_indices.device_ptr(s).0 as *const i32,
-        phys_valid: csr.valid.device_ptr(s).0 as *const i32,
-        varlen,
-        loss_coeff,
-        dqi: dqi as *mut u16,
-        dki: dki as *mut u16,
-    };
-    // SAFETY: every buffer has the length checked above and is a live allocation of this
-    // context, the workspace holds `bytes` (256-byte aligned), `varlen` points into `layout`'s
-    // live arrays and the stream is the context's. Dropping the workspace after the launch is
-    // safe: cudarc frees in stream order.
-    unsafe { launch::kl::backward(&params, ws, bytes, msa.raw_stream())? };
-    Ok(())
 }

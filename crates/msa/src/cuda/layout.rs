@@ -1,44 +1,22 @@
-//! The packed varlen layout on the device: uploaded once, shared by every kernel of a call.
+//! The packed varlen layout on the device, shared by every kernel of a call: the host layout
+//! (kept for the facade's host-side checks and messages) plus its device arrays. Only
+//! cu_seqlens_q/k and fragment_indices are uploaded; the rest is derived on the device by
+//! [`raw::build_layout`].
 
 use cudarc::driver::CudaSlice;
-use msa_kernels::sys::MsaVarlen;
 use msa_plan::VarlenLayout;
 
-use msa_plan::topology::{
-    BLOCK_SIZE, HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS,
-};
-
-use super::{dptr, CudaMsa};
-use crate::error::{check_len, Result};
-
-/// A tensor shape of the contract, sized by a layout (T queries, Tk keys, P physical blocks).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Shape {
-    /// `[T, 64, 128]`: q, out, dout, dq, dq_accum.
-    Queries,
-    /// `[Tk, 4, 128]`: k, v, dk, dv.
-    Keys,
-    /// `[T, 64]`: lse, delta.
-    QueryHeads,
-    /// `[4, T, 16]`: selections, and the `[4, T·16]` edge tables of the CSRs.
-    Selection,
-    /// `[T, 4, 128]`: qi, dqi.
-    IndexQueries,
-    /// `[Tk, 1, 128]`: ki, dki.
-    IndexKeys,
-    /// `[4, T]`: indexer LSE.
-    IndexHeads,
-    /// `[W, 4, 128]`, W = 128·P: the fp32 dK/dV workspace pools.
-    Pool,
-    /// `[4, P + 1]`: physical CSR row pointers.
-    PhysicalRows,
-}
+use super::{CudaMsa, Views};
+use crate::error::Result;
+use crate::raw;
 
 /// A validated host layout plus its device arrays (`MsaVarlen` of kernels/include/msa/common.h).
 pub struct DeviceLayout {
     host: VarlenLayout,
+    shape: raw::CallShape,
     cu_seqlens_q: CudaSlice<i32>,
     cu_seqlens_k: CudaSlice<i32>,
+    fragment_indices: Option<CudaSlice<i32>>,
     fragment_first: CudaSlice<i32>,
     query_fragment: CudaSlice<i32>,
     block_key_start: CudaSlice<i32>,
@@ -46,71 +24,100 @@ pub struct DeviceLayout {
 }
 
 impl DeviceLayout {
+    /// Upload `host`'s cu_seqlens (and fragment_indices) and derive the other arrays on the
+    /// device (no host synchronization).
     pub fn new(msa: &CudaMsa, host: VarlenLayout) -> Result<Self> {
-        let (block_key_start, block_key_count) = host.physical_block_keys();
-        Ok(Self {
+        let shape = msa.call_shape(&host)?;
+        let s = shape.sizes();
+        let mut layout = Self {
             cu_seqlens_q: msa.upload(host.cu_seqlens_q())?,
             cu_seqlens_k: msa.upload(host.cu_seqlens_k())?,
-            fragment_first: msa.upload(&host.fragment_first())?,
-            query_fragment: msa.upload(&host.query_fragments())?,
-            block_key_start: msa.upload(&block_key_start)?,
-            block_key_count: msa.upload(&block_key_count)?,
+            fragment_indices: host.fragment_indices().map(|f| msa.upload(f)).transpose()?,
+            fragment_first: msa.output(s.batch)?,
+            query_fragment: msa.output(s.query_fragment)?,
+            block_key_start: msa.output(s.block_keys)?,
+            block_key_count: msa.output(s.block_keys)?,
             host,
-        })
+            shape,
+        };
+        layout.build(msa)?;
+        Ok(layout)
     }
 
+    fn build(&mut self, msa: &CudaMsa) -> Result<()> {
+        let s = self.shape.sizes();
+        let mut v = Views::new(msa)?;
+        let cu_q = v.read("cu_seqlens_q", &self.cu_seqlens_q, s.cu_seqlens)?;
+        let cu_k = v.read("cu_seqlens_k", &self.cu_seqlens_k, s.cu_seqlens)?;
+        let frag = match &self.fragment_indices {
+            Some(f) => Some(v.read("fragment_indices", f, s.batch)?),
+            None => None,
+        };
+        let mut out = raw::LayoutOutputs {
+            fragment_first: v.write("fragment_first", &mut self.fragment_first, s.batch)?,
+            query_fragment: v.write(
+                "query_fragment",
+                &mut self.query_fragment,
+                s.query_fragment,
+            )?,
+            block_key_start: v.write("block_key_start", &mut self.block_key_start, s.block_keys)?,
+            block_key_count: v.write("block_key_count", &mut self.block_key_count, s.block_keys)?,
+        };
+        // SAFETY: every view is a live allocation of this context (guards held by `v` until the
+        // launch is enqueued) and the stream is the context's; the cu_seqlens and
+        // fragment_indices are the validated host layout's, which `shape` describes.
+        unsafe { raw::build_layout(&self.shape, cu_q, cu_k, frag, &mut out, v.stream()) }
+    }
+
+    /// The host layout.
     pub fn host(&self) -> &VarlenLayout {
         &self.host
     }
 
-    /// Checks `buf` against `shape` before any launch. [`CudaMsa`] allocates at least one
-    /// element, so an empty tensor arrives as a 1-element buffer.
-    pub(crate) fn check<T>(
-        &self,
-        name: &'static str,
-        buf: &CudaSlice<T>,
-        shape: Shape,
-    ) -> Result<()> {
-        let h = &self.host;
-        let (t, tk, p) = (h.total_q(), h.total_k(), h.padded_kv_blocks());
-        let (n, text) = match shape {
-            Shape::Queries => (t * NUM_Q_HEADS * HEAD_DIM, "[T, 64, 128]"),
-            Shape::Keys => (tk * NUM_KV_HEADS * HEAD_DIM, "[Tk, 4, 128]"),
-            Shape::QueryHeads => (t * NUM_Q_HEADS, "[T, 64]"),
-            Shape::Selection => (NUM_KV_HEADS * t * TOPK_BLOCKS, "[4, T, 16]"),
-            Shape::IndexQueries => (t * NUM_INDEX_HEADS * INDEX_DIM, "[T, 4, 128]"),
-            Shape::IndexKeys => (tk * INDEX_DIM, "[Tk, 1, 128]"),
-            Shape::IndexHeads => (NUM_INDEX_HEADS * t, "[4, T]"),
-            Shape::Pool => (p * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM, "[W, 4, 128]"),
-            Shape::PhysicalRows => (NUM_KV_HEADS * (p + 1), "[4, P + 1]"),
-        };
-        if n == 0 && buf.len() == 1 {
-            return Ok(());
-        }
-        check_len(name, buf.len(), n, text)
+    /// The raw layer's shape of this layout (sizes of every tensor of a call).
+    pub fn shape(&self) -> &raw::CallShape {
+        &self.shape
     }
 
     pub fn cu_seqlens_q(&self) -> &CudaSlice<i32> {
         &self.cu_seqlens_q
     }
 
-    /// The by-value kernel argument.
-    pub(crate) fn varlen(&self, msa: &CudaMsa) -> MsaVarlen {
-        let s = msa.stream();
-        let h = &self.host;
-        MsaVarlen {
-            cu_seqlens_q: dptr(&self.cu_seqlens_q, s) as *const i32,
-            cu_seqlens_k: dptr(&self.cu_seqlens_k, s) as *const i32,
-            fragment_first: dptr(&self.fragment_first, s) as *const i32,
-            query_fragment: dptr(&self.query_fragment, s) as *const i32,
-            block_key_start: dptr(&self.block_key_start, s) as *const i32,
-            block_key_count: dptr(&self.block_key_count, s) as *const i32,
-            batch: h.batch() as i32,
-            total_q: h.total_q() as i32,
-            total_k: h.total_k() as i32,
-            total_rows: h.total_rows() as i32,
-            padded_kv_blocks: h.padded_kv_blocks() as i32,
-            max_blocks: h.max_blocks() as i32,
-        }
+    pub fn cu_seqlens_k(&self) -> &CudaSlice<i32> {
+        &self.cu_seqlens_k
+    }
+
+    /// `[B]`: the document's first fragment of each fragment (derived on the device).
+    pub fn fragment_first(&self) -> &CudaSlice<i32> {
+        &self.fragment_first
+    }
+
+    /// `[T]`: the fragment of each packed query (derived on the device).
+    pub fn query_fragment(&self) -> &CudaSlice<i32> {
+        &self.query_fragment
+    }
+
+    /// `[P]`: packed K row of each physical block's key 0, -1 for padding (derived on the
+    /// device).
+    pub fn block_key_start(&self) -> &CudaSlice<i32> {
+        &self.block_key_start
+    }
+
+    /// `[P]`: keys stored in each physical block, 0 for padding (derived on the device).
+    pub fn block_key_count(&self) -> &CudaSlice<i32> {
+        &self.block_key_count
+    }
+
+    /// The raw views of the layout's arrays, guards held by `v`.
+    pub(crate) fn views<'a>(&'a self, v: &mut Views<'a>) -> Result<raw::Layout> {
+        let s = self.shape.sizes();
+        Ok(raw::Layout {
+            cu_seqlens_q: v.read("cu_seqlens_q", &self.cu_seqlens_q, s.cu_seqlens)?,
+            cu_seqlens_k: v.read("cu_seqlens_k", &self.cu_seqlens_k, s.cu_seqlens)?,
+            fragment_first: v.read("fragment_first", &self.fragment_first, s.batch)?,
+            query_fragment: v.read("query_fragment", &self.query_fragment, s.query_fragment)?,
+            block_key_start: v.read("block_key_start", &self.block_key_start, s.block_keys)?,
+            block_key_count: v.read("block_key_count", &self.block_key_count, s.block_keys)?,
+        })
     }
 }

@@ -1,6 +1,12 @@
-//! CUDA backend: one device context and stream, typed device buffers, and the gate every entry
-//! point passes first (built with `msa`, driver present, device served by the compiled
+//! The cudarc facade: one device context and stream, typed device buffers, and the gate every
+//! entry point passes first (built with `msa`, driver present, device served by the compiled
 //! kernels), so an unsupported GPU gets a clear error instead of "no kernel image".
+//!
+//! Built on [`crate::raw`]: every entry point allocates its outputs and workspaces with cudarc,
+//! takes the device views of its buffers through one guard-holding helper ([`Views`]: the
+//! buffer's context is checked, cudarc's guards live until the raw call has enqueued its
+//! launches) and calls the raw function, which checks every length before any launch. No
+//! launcher is called from here directly.
 //!
 //! [`CudaMsa`]'s entry points, one kernel family per file: [`CudaMsa::prepare`] (`prepare.rs`),
 //! [`CudaMsa::forward`] and [`CudaMsa::backward`] (`attention.rs`), the backward's pieces
@@ -10,30 +16,31 @@
 
 mod abi_check;
 mod attention;
-mod attention_bwd;
-mod attention_fwd;
 mod indexer;
 mod kl;
 mod layout;
 mod pre_post;
 mod prepare;
 mod task_build;
+mod views;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use half::bf16;
 
 use crate::error::Result;
+use crate::raw;
 pub use attention::{BackwardOptions, DeviceForward, DeviceGrads};
 pub use kl::KlInputs;
 pub use layout::DeviceLayout;
 pub use prepare::Metadata;
 pub use task_build::{DeviceSchedule, DeviceTaskTables};
+pub(crate) use views::Views;
 
 /// A bit pattern written over outputs before a run when poisoning is on, so an element a
 /// kernel forgot to write fails every check (NaN for floats, a huge sentinel for integers).
-pub trait Poison: DeviceRepr {
+pub trait Poison: DeviceRepr + raw::Elem {
     /// One 32-bit word of the pattern (two bf16 values, one f32 or one i32).
     const WORD: u32;
 }
@@ -87,6 +94,15 @@ impl CudaMsa {
         !self.sm80_kernels && self.device.capability == (9, 0)
     }
 
+    /// The kernel set the attention runs ([`CudaMsa::uses_sm90_kernels`]).
+    pub fn kernel_set(&self) -> raw::KernelSet {
+        if self.uses_sm90_kernels() {
+            raw::KernelSet::Sm90a
+        } else {
+            raw::KernelSet::Sm80
+        }
+    }
+
     /// Fill every output buffer the facade allocates with [`Poison`] before kernels run.
     pub fn with_poisoned_outputs(mut self, on: bool) -> Self {
         self.poison_outputs = on;
@@ -105,9 +121,17 @@ impl CudaMsa {
         &self.stream
     }
 
-    /// The raw stream handle the C launchers take.
-    pub(crate) fn raw_stream(&self) -> *mut std::ffi::c_void {
-        self.stream.cu_stream() as *mut std::ffi::c_void
+    /// The stream as the raw layer takes it.
+    pub fn raw_stream(&self) -> raw::Stream {
+        raw::Stream::from_raw(self.stream.cu_stream().cast())
+    }
+
+    /// The raw layer's shape of a host layout on this device.
+    pub fn call_shape(&self, layout: &msa_plan::VarlenLayout) -> Result<raw::CallShape> {
+        Ok(raw::CallShape::from_layout(
+            layout,
+            self.device.sm_count as usize,
+        )?)
     }
 
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
@@ -138,12 +162,20 @@ impl CudaMsa {
 
     /// Overwrite `buf` with its [`Poison`] pattern.
     pub fn poison<T: Poison>(&self, buf: &mut CudaSlice<T>) -> Result<()> {
-        let bytes = buf.num_bytes();
-        debug_assert_eq!(bytes % 4, 0, "poisoned buffers hold whole 32-bit words");
-        let (ptr, _g) = buf.device_ptr(&self.stream);
-        // SAFETY: `ptr` addresses `bytes` bytes of a live allocation on this context's stream.
-        unsafe { msa_kernels::launch::util::fill_u32(ptr, bytes / 4, T::WORD, self.raw_stream())? };
+        let len = buf.len();
+        let mut v = Views::new(self)?;
+        let mut view = v.write("poisoned buffer", buf, len)?;
+        // SAFETY: the view covers a live allocation of this context (its guard is held by `v`
+        // until the fill is enqueued) and the stream is the context's.
+        unsafe { raw::fill_words(&mut view, T::WORD, v.stream())? };
         Ok(())
+    }
+
+    /// Allocate `bytes` bytes of scratch (at least one byte; cudarc allocations are 256-byte
+    /// aligned). Its contents are undefined: the launch that takes it writes every word it reads.
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        // SAFETY: scratch; every word is written before it is read by the kernels that use it.
+        Ok(unsafe { self.stream.alloc::<u8>(bytes.max(1))? })
     }
 
     /// Keep freed buffers in the device's stream-ordered pool instead of returning them to the
@@ -172,9 +204,4 @@ impl CudaMsa {
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.stream.synchronize()?)
     }
-}
-
-/// Device address of a buffer for a C launcher (single stream: no event bookkeeping needed).
-pub(crate) fn dptr<T>(buf: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    buf.device_ptr(stream).0
 }

@@ -1,15 +1,13 @@
 //! The backward's memory-bound stages around the main kernel (docs/design.md "Backward" steps 1
-//! and 4): the delta preprocess and the bf16 casts of the fp32 accumulators. Each checks its
-//! buffer sizes against the layout and enqueues one kernel; the backward orchestration calls
-//! them, and the GPU suite checks them on their own.
+//! and 4): the delta preprocess and the bf16 casts of the fp32 accumulators, on caller buffers.
+//! `raw::backward` runs them inside the backward; the GPU suite checks them on their own here.
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
-use msa_kernels::launch;
 
-use super::layout::Shape;
-use super::{dptr, CudaMsa, DeviceLayout};
+use super::{CudaMsa, DeviceLayout, Views};
 use crate::error::Result;
+use crate::raw;
 
 impl CudaMsa {
     /// `delta[t, h] = Σ_d out[t, h, d]·dout[t, h, d]` in fp32 (`out`, `dout` bf16 `[T, 64, 128]`,
@@ -21,22 +19,15 @@ impl CudaMsa {
         dout: &CudaSlice<bf16>,
         delta: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let t = layout.host().total_q();
-        layout.check("out", out, Shape::Queries)?;
-        layout.check("dout", dout, Shape::Queries)?;
-        layout.check("delta", delta, Shape::QueryHeads)?;
-        let s = self.stream();
-        // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
-        unsafe {
-            launch::attention::backward_preprocess(
-                dptr(out, s),
-                dptr(dout, s),
-                t as i32,
-                dptr(delta, s),
-                self.raw_stream(),
-            )?
-        };
-        Ok(())
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut g = Views::new(self)?;
+        let out = g.read("out", out, s.queries)?;
+        let dout = g.read("dout", dout, s.queries)?;
+        let mut delta = g.write("delta", delta, s.query_heads)?;
+        // SAFETY: live allocations of this context, guards held by `g` until the launch is
+        // enqueued; the stream is the context's.
+        unsafe { raw::backward_preprocess(shape, out, dout, &mut delta, g.stream()) }
     }
 
     /// `dq = bf16(dq_accum)` (round to nearest even), both `[T, 64, 128]`.
@@ -46,19 +37,13 @@ impl CudaMsa {
         dq_accum: &CudaSlice<f32>,
         dq: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        layout.check("dq_accum", dq_accum, Shape::Queries)?;
-        layout.check("dq", dq, Shape::Queries)?;
-        let s = self.stream();
-        // SAFETY: sizes checked above (the launcher rejects misaligned pointers).
-        unsafe {
-            launch::attention::backward_postprocess_dq(
-                dptr(dq_accum, s),
-                layout.host().total_q() as i32,
-                dptr(dq, s),
-                self.raw_stream(),
-            )?
-        };
-        Ok(())
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut g = Views::new(self)?;
+        let dq_accum = g.read("dq_accum", dq_accum, s.queries)?;
+        let mut dq = g.write("dq", dq, s.queries)?;
+        // SAFETY: as in `backward_delta_into`.
+        unsafe { raw::backward_postprocess_dq(shape, dq_accum, &mut dq, g.stream()) }
     }
 
     /// `dk, dv = bf16(pool)` (round to nearest even) gathered from the workspace pools
@@ -71,23 +56,25 @@ impl CudaMsa {
         dk: &mut CudaSlice<bf16>,
         dv: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        layout.check("dk_pool", dk_pool, Shape::Pool)?;
-        layout.check("dv_pool", dv_pool, Shape::Pool)?;
-        layout.check("dk", dk, Shape::Keys)?;
-        layout.check("dv", dv, Shape::Keys)?;
-        let s = self.stream();
-        // SAFETY: sizes checked above; the layout's block tables are device arrays of
-        // padded_kv_blocks entries (the launcher rejects misaligned pointers).
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut g = Views::new(self)?;
+        let lay = layout.views(&mut g)?;
+        let dk_pool = g.read("dk_pool", dk_pool, s.pool)?;
+        let dv_pool = g.read("dv_pool", dv_pool, s.pool)?;
+        let mut dk = g.write("dk", dk, s.keys)?;
+        let mut dv = g.write("dv", dv, s.keys)?;
+        // SAFETY: as in `backward_delta_into`; the layout's block tables are this shape's.
         unsafe {
-            launch::attention::backward_postprocess_dkv(
-                dptr(dk_pool, s),
-                dptr(dv_pool, s),
-                layout.varlen(self),
-                dptr(dk, s),
-                dptr(dv, s),
-                self.raw_stream(),
-            )?
-        };
-        Ok(())
+            raw::backward_postprocess_dkv(
+                shape,
+                &lay,
+                dk_pool,
+                dv_pool,
+                &mut dk,
+                &mut dv,
+                g.stream(),
+            )
+        }
     }
 }

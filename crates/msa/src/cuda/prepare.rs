@@ -8,14 +8,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use msa_kernels::{launch, sys};
-use msa_plan::schedule::{balanced_target_q_per_cta, flat_schedule_capacity, WORK_WORDS};
 use msa_plan::topology::{NUM_INDEX_HEADS, TOPK_BLOCKS};
 use msa_plan::{topk_error_word, validate_topk};
 
-use super::layout::Shape;
-use super::{dptr, CudaMsa, DeviceLayout};
+use super::{CudaMsa, DeviceLayout, Views};
 use crate::error::{MsaError, Result};
+use crate::raw;
 
 /// Words of the validation result `(code, head, query, slot)`.
 const ERROR_WORDS: usize = 4;
@@ -107,12 +105,45 @@ impl Metadata {
         &self.query_offsets
     }
 
+    /// The raw views of the selection and every metadata tensor, guards held by `v`.
+    pub(crate) fn views<'a>(&'a self, v: &mut Views<'a>) -> Result<raw::Metadata> {
+        let s = self.layout.shape().sizes();
+        Ok(raw::Metadata {
+            topk: v.read("topk_indices", &self.topk, s.selection)?,
+            error_word: v.read("error_word", &self.error_word, s.error_word)?,
+            row_ptr: v.read("row_ptr", &self.row_ptr, s.row_ptr)?,
+            q_indices: v.read("q_indices", &self.q_indices, s.selection)?,
+            qsplit: v.read("qsplit", &self.qsplit, s.selection)?,
+            split_counts: v.read("split_counts", &self.split_counts, s.split_counts)?,
+            scheduler_metadata: v.read(
+                "scheduler_metadata",
+                &self.scheduler_metadata,
+                s.scheduler_metadata,
+            )?,
+            work_count: v.read("work_count", &self.work_count, s.work_count)?,
+            phys_row_ptr: v.read("phys_row_ptr", &self.phys_row_ptr, s.phys_row_ptr)?,
+            phys_q_indices: v.read("phys_q_indices", &self.phys_q_indices, s.selection)?,
+            phys_valid: v.read("phys_valid", &self.phys_valid, s.selection)?,
+            document_workspace_starts: v.read(
+                "document_workspace_starts",
+                &self.document_workspace_starts,
+                s.batch,
+            )?,
+            query_offsets: v.read("query_offsets", &self.query_offsets, s.batch)?,
+        })
+    }
+
     /// Read the validation word (one synchronization) and turn a fault into the host planner's
     /// error: `MsaError::Plan(PlanError::TopK { .. })` naming the first offending
     /// (head, query, slot) with `msa_plan::topk`'s message.
     pub fn check(&self, msa: &CudaMsa) -> Result<()> {
-        let mut word = [0i32; ERROR_WORDS];
-        msa.stream().memcpy_dtoh(&self.error_word, &mut word[..])?;
+        let word = {
+            let mut v = Views::new(msa)?;
+            let error_word = v.read("error_word", &self.error_word, ERROR_WORDS)?;
+            // SAFETY: a live 4-word allocation of this context written by prepare on this
+            // stream; the stream is the context's and is not being captured by the facade.
+            unsafe { raw::read_error_word(error_word, v.stream())? }
+        };
         if word == [0; ERROR_WORDS] {
             return Ok(());
         }
@@ -173,80 +204,66 @@ impl CudaMsa {
         layout: &Arc<DeviceLayout>,
         topk: CudaSlice<i32>,
     ) -> Result<Metadata> {
-        let host = layout.host();
-        let (t, rows, blocks, batch) = (
-            host.total_q(),
-            host.total_rows(),
-            host.padded_kv_blocks(),
-            host.batch(),
-        );
-        let edges = NUM_INDEX_HEADS * t * TOPK_BLOCKS;
-        layout.check("topk_indices", &topk, Shape::Selection)?;
-        let target_q_per_cta = balanced_target_q_per_cta(t, self.device().sm_count as usize);
-        let work_capacity = flat_schedule_capacity(rows, t, target_q_per_cta);
-        let work_capacity_i32 =
-            i32::try_from(work_capacity).map_err(|_| msa_plan::PlanError::Overflow {
-                what: "work capacity",
-                limit: i32::MAX as i64,
-                got: work_capacity as i64,
-            })?;
-
-        let metadata = Metadata {
+        let shape = layout.shape();
+        let s = shape.sizes();
+        // Before any allocation (a poisoned one launches a fill).
+        if !(s.selection == 0 && topk.len() == 1) {
+            raw::check_length::<i32>("topk_indices", topk.len(), s.selection, "[4, T, 16]")?;
+        }
+        let mut metadata = Metadata {
             layout: layout.clone(),
-            error_word: self.output(ERROR_WORDS)?,
-            row_ptr: self.output(NUM_INDEX_HEADS * (rows + 1))?,
-            q_indices: self.output(edges)?,
-            qsplit: self.output(edges)?,
-            split_counts: self.output(t * NUM_INDEX_HEADS)?,
-            scheduler_metadata: self.output(work_capacity * WORK_WORDS)?,
-            work_count: self.output(1)?,
-            phys_row_ptr: self.output(NUM_INDEX_HEADS * (blocks + 1))?,
-            phys_q_indices: self.output(edges)?,
-            phys_valid: self.output(edges)?,
-            document_workspace_starts: self.output(batch)?,
-            query_offsets: self.output(batch)?,
+            error_word: self.output(s.error_word)?,
+            row_ptr: self.output(s.row_ptr)?,
+            q_indices: self.output(s.selection)?,
+            qsplit: self.output(s.selection)?,
+            split_counts: self.output(s.split_counts)?,
+            scheduler_metadata: self.output(s.scheduler_metadata)?,
+            work_count: self.output(s.work_count)?,
+            phys_row_ptr: self.output(s.phys_row_ptr)?,
+            phys_q_indices: self.output(s.selection)?,
+            phys_valid: self.output(s.selection)?,
+            document_workspace_starts: self.output(s.batch)?,
+            query_offsets: self.output(s.batch)?,
             topk,
-            target_q_per_cta,
-            work_capacity,
+            target_q_per_cta: s.target_q_per_cta,
+            work_capacity: s.work_capacity,
         };
-        let varlen = layout.varlen(self);
         self.context().bind_to_thread()?;
-        // SAFETY: a context is current (bound above).
-        let bytes = unsafe { launch::prepare::workspace_bytes(varlen)? };
-        // SAFETY: scratch; every word is written before it is read.
-        let workspace = unsafe { self.stream().alloc::<u8>(bytes)? };
-        let s = self.stream();
-        let m = &metadata;
-        let out = sys::MsaPrepareOutputs {
-            error_word: dptr(&m.error_word, s) as *mut i32,
-            row_ptr: dptr(&m.row_ptr, s) as *mut i32,
-            q_indices: dptr(&m.q_indices, s) as *mut i32,
-            qsplit: dptr(&m.qsplit, s) as *mut i32,
-            split_counts: dptr(&m.split_counts, s) as *mut i32,
-            scheduler_metadata: dptr(&m.scheduler_metadata, s) as *mut i32,
-            work_count: dptr(&m.work_count, s) as *mut i32,
-            phys_row_ptr: dptr(&m.phys_row_ptr, s) as *mut i32,
-            phys_q_indices: dptr(&m.phys_q_indices, s) as *mut i32,
-            phys_valid: dptr(&m.phys_valid, s) as *mut i32,
-            document_workspace_starts: dptr(&m.document_workspace_starts, s) as *mut i32,
-            query_offsets: dptr(&m.query_offsets, s) as *mut i32,
+        // SAFETY: the context is current (bound above).
+        let bytes = unsafe { raw::prepare_workspace_bytes(shape)? };
+        let mut workspace = self.scratch(bytes)?;
+        let mut v = Views::new(self)?;
+        let m = &mut metadata;
+        let lay = m.layout.views(&mut v)?;
+        let topk = v.read("topk_indices", &m.topk, s.selection)?;
+        let mut out = raw::PrepareOutputs {
+            error_word: v.write("error_word", &mut m.error_word, s.error_word)?,
+            row_ptr: v.write("row_ptr", &mut m.row_ptr, s.row_ptr)?,
+            q_indices: v.write("q_indices", &mut m.q_indices, s.selection)?,
+            qsplit: v.write("qsplit", &mut m.qsplit, s.selection)?,
+            split_counts: v.write("split_counts", &mut m.split_counts, s.split_counts)?,
+            scheduler_metadata: v.write(
+                "scheduler_metadata",
+                &mut m.scheduler_metadata,
+                s.scheduler_metadata,
+            )?,
+            work_count: v.write("work_count", &mut m.work_count, s.work_count)?,
+            phys_row_ptr: v.write("phys_row_ptr", &mut m.phys_row_ptr, s.phys_row_ptr)?,
+            phys_q_indices: v.write("phys_q_indices", &mut m.phys_q_indices, s.selection)?,
+            phys_valid: v.write("phys_valid", &mut m.phys_valid, s.selection)?,
+            document_workspace_starts: v.write(
+                "document_workspace_starts",
+                &mut m.document_workspace_starts,
+                s.batch,
+            )?,
+            query_offsets: v.write("query_offsets", &mut m.query_offsets, s.batch)?,
         };
-        // SAFETY: every buffer was allocated above (or checked) with the sizes prepare.h gives
-        // for this layout, target and capacity; the workspace holds `bytes`. Dropping the
-        // workspace after the launches is safe: cudarc frees in stream order (memory pools) or
-        // synchronizes first.
-        unsafe {
-            launch::prepare::metadata(
-                dptr(&m.topk, s),
-                varlen,
-                target_q_per_cta as i32,
-                work_capacity_i32,
-                out,
-                dptr(&workspace, s),
-                bytes,
-                self.raw_stream(),
-            )?
-        };
+        let ws = v.workspace("prepare workspace", &mut workspace)?;
+        // SAFETY: every view is a live allocation of this context (guards held by `v` until
+        // the launches are enqueued; the workspace is freed in stream order after them), the
+        // stream is the context's, and the layout's arrays are this shape's.
+        unsafe { raw::prepare(shape, &lay, topk, &mut out, ws, v.stream())? };
+        drop(v);
         Ok(metadata)
     }
 }

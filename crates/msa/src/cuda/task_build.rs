@@ -5,17 +5,14 @@
 //! CTAs and surplus CTAs find an empty interval in the descriptor.
 
 use cudarc::driver::{CudaSlice, CudaView};
-use msa_kernels::{launch, sys};
 use msa_plan::backward::abi::{DESC_WORDS, META_WORDS, TASK_QUERIES};
 use msa_plan::schedule::WORK_WORDS;
-use msa_plan::topology::{BLOCK_SIZE, NUM_INDEX_HEADS, TOPK_BLOCKS};
-use msa_plan::{
-    build_backward_tasks, grid_launch_bound, task_build_sizes, Int32Array, MsaBackwardSchedule,
-    PlanError, ScheduleParts, TaskBuildSizes,
-};
+use msa_plan::topology::NUM_INDEX_HEADS;
+use msa_plan::{build_backward_tasks, grid_launch_bound, MsaBackwardSchedule, TaskBuildSizes};
 
-use super::{dptr, CudaMsa, Metadata};
+use super::{CudaMsa, Metadata, Views};
 use crate::error::Result;
+use crate::raw;
 
 /// A forward schedule uploaded as is, e.g. a hand-made one (tests force capacity overflow or
 /// noncontiguous segments with it). The host copy is kept so every build can first run
@@ -99,87 +96,24 @@ impl DeviceTaskTables {
     }
 }
 
-fn to_i32(what: &'static str, v: usize) -> Result<i32> {
-    Ok(i32::try_from(v).map_err(|_| PlanError::Overflow {
-        what,
-        limit: i32::MAX as i64,
-        got: v as i64,
-    })?)
-}
-
-/// Shapes of one build (the fields of `MsaTaskBuildShape`).
-struct Shape {
-    rows: usize,
-    edge_capacity: usize,
-    work_capacity: usize,
-    documents: usize,
-    num_tokens: usize,
-    workspace_rows: usize,
-    num_sms: usize,
-}
-
-impl Shape {
-    /// `msa_plan::task_build_sizes` for these shapes. The planner sizes a build from the
-    /// schedule's shapes only; zero-filled tensors of those shapes (calloc'd, never touched) let
-    /// the device path reuse its rules and error messages (MAX_BINS, int32 overflow).
-    fn sizes(&self) -> Result<TaskBuildSizes> {
-        let zeros = |shape: &[usize]| Int32Array::new(vec![0; shape.iter().product()], shape);
-        let schedule = MsaBackwardSchedule::new(ScheduleParts {
-            row_ptr: zeros(&[NUM_INDEX_HEADS, self.rows + 1]),
-            q_indices: zeros(&[NUM_INDEX_HEADS, self.edge_capacity]),
-            scheduler_metadata: zeros(&[self.work_capacity, WORK_WORDS]),
-            work_count: zeros(&[1]),
-            cu_seqlens: zeros(&[self.documents + 1]),
-            document_workspace_starts: zeros(&[self.documents]),
-            query_offsets: None,
-        })?;
-        Ok(task_build_sizes(
-            &schedule,
-            self.num_tokens,
-            self.workspace_rows,
-        )?)
-    }
-
-    fn to_sys(&self) -> Result<sys::MsaTaskBuildShape> {
-        Ok(sys::MsaTaskBuildShape {
-            rows: to_i32("CSR rows", self.rows)?,
-            edge_capacity: to_i32("edge capacity", self.edge_capacity)?,
-            work_capacity: to_i32("work capacity", self.work_capacity)?,
-            documents: to_i32("documents", self.documents)?,
-            num_tokens: to_i32("num_tokens", self.num_tokens)?,
-            workspace_rows: to_i32("workspace_rows", self.workspace_rows)?,
-            num_sms: to_i32("num_sms", self.num_sms)?,
-        })
-    }
-}
-
 impl CudaMsa {
     /// Build the backward task tables of `metadata` (its k2q CSR and work list) for this
     /// device's SM count; no host synchronization.
     pub fn task_build(&self, metadata: &Metadata) -> Result<DeviceTaskTables> {
-        let host = metadata.layout().host();
-        let shape = Shape {
-            rows: host.total_rows(),
-            edge_capacity: host.total_q() * TOPK_BLOCKS,
-            work_capacity: metadata.work_capacity(),
-            documents: host.batch(),
-            num_tokens: host.total_q(),
-            workspace_rows: host.padded_kv_blocks() * BLOCK_SIZE,
-            num_sms: self.device().sm_count as usize,
-        };
-        let s = self.stream();
-        let inputs = sys::MsaTaskBuildInputs {
-            row_ptr: dptr(metadata.row_ptr(), s) as *const i32,
-            q_indices: dptr(metadata.q_indices(), s) as *const i32,
-            scheduler_metadata: dptr(metadata.scheduler_metadata(), s) as *const i32,
-            work_count: dptr(metadata.work_count(), s) as *const i32,
-            cu_seqlens: dptr(metadata.layout().cu_seqlens_q(), s) as *const i32,
-            document_workspace_starts: dptr(metadata.document_workspace_starts(), s) as *const i32,
-            query_offsets: dptr(metadata.query_offsets(), s) as *const i32,
-        };
-        // SAFETY: prepare built every input with the shapes above, and its work items lie
-        // inside its CSR by construction.
-        unsafe { self.build_tasks(inputs, &shape) }
+        let layout = metadata.layout();
+        let shape = raw::TaskBuildShape::of(layout.shape());
+        let sizes = shape.sizes()?;
+        let mut tables = self.task_tables(&shape, sizes)?;
+        {
+            let mut g = Views::new(self)?;
+            let lay = layout.views(&mut g)?;
+            let m = metadata.views(&mut g)?;
+            let inputs = raw::TaskBuildInputs::of(&lay, &m);
+            // SAFETY: prepare built every input with this shape, and its work items lie inside
+            // its CSR by construction; guards held by `g` until the launches are enqueued.
+            unsafe { tables.build(&mut g, &inputs, &shape)? };
+        }
+        Ok(tables)
     }
 
     /// Build the task tables of an uploaded schedule for `num_tokens` tokens, `workspace_rows`
@@ -194,7 +128,7 @@ impl CudaMsa {
     ) -> Result<DeviceTaskTables> {
         let h = &schedule.host;
         build_backward_tasks(h, num_tokens, workspace_rows, num_sms)?;
-        let shape = Shape {
+        let shape = raw::TaskBuildShape {
             rows: h.rows(),
             edge_capacity: h.edge_capacity(),
             work_capacity: h.work_capacity(),
@@ -203,49 +137,73 @@ impl CudaMsa {
             workspace_rows,
             num_sms,
         };
-        let s = self.stream();
-        let inputs = sys::MsaTaskBuildInputs {
-            row_ptr: dptr(&schedule.row_ptr, s) as *const i32,
-            q_indices: dptr(&schedule.q_indices, s) as *const i32,
-            scheduler_metadata: dptr(&schedule.scheduler_metadata, s) as *const i32,
-            work_count: dptr(&schedule.work_count, s) as *const i32,
-            cu_seqlens: dptr(&schedule.cu_seqlens, s) as *const i32,
-            document_workspace_starts: dptr(&schedule.document_workspace_starts, s) as *const i32,
-            query_offsets: dptr(&schedule.query_offsets, s) as *const i32,
-        };
-        // SAFETY: the uploads have the host schedule's shapes, and the host check above proved
-        // that its work items stay inside them.
-        unsafe { self.build_tasks(inputs, &shape) }
+        let sizes = shape.sizes()?;
+        let mut tables = self.task_tables(&shape, sizes)?;
+        {
+            let mut g = Views::new(self)?;
+            let docs = h.documents();
+            let inputs = raw::TaskBuildInputs {
+                row_ptr: g.read(
+                    "row_ptr",
+                    &schedule.row_ptr,
+                    NUM_INDEX_HEADS * (h.rows() + 1),
+                )?,
+                q_indices: g.read(
+                    "q_indices",
+                    &schedule.q_indices,
+                    NUM_INDEX_HEADS * h.edge_capacity(),
+                )?,
+                scheduler_metadata: g.read(
+                    "scheduler_metadata",
+                    &schedule.scheduler_metadata,
+                    h.work_capacity() * WORK_WORDS,
+                )?,
+                work_count: g.read("work_count", &schedule.work_count, 1)?,
+                cu_seqlens: g.read("cu_seqlens", &schedule.cu_seqlens, docs + 1)?,
+                document_workspace_starts: g.read(
+                    "document_workspace_starts",
+                    &schedule.document_workspace_starts,
+                    docs,
+                )?,
+                query_offsets: g.read("query_offsets", &schedule.query_offsets, docs)?,
+            };
+            // SAFETY: the uploads have the host schedule's shapes, and the host check above
+            // proved that its work items stay inside them; guards held by `g`.
+            unsafe { tables.build(&mut g, &inputs, &shape)? };
+        }
+        Ok(tables)
     }
 
-    /// # Safety
-    /// `inputs` must be device arrays of `shape`'s sizes whose work items stay inside them.
-    unsafe fn build_tasks(
+    /// Output buffers of one build (poisoned when asked; the build fills them with -1 first).
+    fn task_tables(
         &self,
-        inputs: sys::MsaTaskBuildInputs,
-        shape: &Shape,
+        shape: &raw::TaskBuildShape,
+        sizes: TaskBuildSizes,
     ) -> Result<DeviceTaskTables> {
-        let sizes = shape.sizes()?;
-        let sys_shape = shape.to_sys()?;
-        let tables = DeviceTaskTables {
+        Ok(DeviceTaskTables {
             sizes,
             grid_launch: grid_launch_bound(sizes.capacity, shape.num_sms),
             scratch: self.output(sizes.scratch_words)?,
             tables: self.output(sizes.table_words)?,
-        };
-        let s = self.stream();
-        // SAFETY: the caller's contract (arrays of `shape`'s sizes) plus the buffers sized above.
-        unsafe {
-            launch::task_build::tables(
-                inputs,
-                sys_shape,
-                dptr(&tables.scratch, s),
-                sizes.scratch_words,
-                dptr(&tables.tables, s),
-                sizes.table_words,
-                self.raw_stream(),
-            )?
-        };
-        Ok(tables)
+        })
+    }
+}
+
+impl DeviceTaskTables {
+    /// # Safety
+    /// `inputs` must be live device arrays of this context of `shape`'s sizes whose work items
+    /// stay inside them, their guards held by `g`.
+    unsafe fn build<'a>(
+        &'a mut self,
+        g: &mut Views<'a>,
+        inputs: &raw::TaskBuildInputs,
+        shape: &raw::TaskBuildShape,
+    ) -> Result<()> {
+        let sizes = self.sizes;
+        let mut scratch = g.write("task-build scratch", &mut self.scratch, sizes.scratch_words)?;
+        let mut tables = g.write("task tables", &mut self.tables, sizes.table_words)?;
+        // SAFETY: the caller's contract plus the buffers sized for `shape`, guards held by `g`.
+        unsafe { raw::task_build(inputs, shape, &mut scratch, &mut tables, g.stream())? };
+        Ok(())
     }
 }

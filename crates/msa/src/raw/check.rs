@@ -103,3 +103,17 @@ pub(crate) fn whole_words(name: &'static str, bytes: usize) -> Result<()> {
 pub(crate) fn align_up(x: usize) -> usize {
     x.div_ceil(WORKSPACE_ALIGN as usize) * WORKSPACE_ALIGN as usize
 }
+
+/// A length check alone, for a caller that checks before it allocates (the facade).
+#[cfg(feature = "msa")]
+pub(crate) fn length<T: Elem>(
+    name: &'static str,
+    got: usize,
+    expected: usize,
+    shape: &str,
+) -> Result<()> {
+    if got != expected {
+        return Err(len_error(name, expected, shape, T::NAME, got));
+    }
+    Ok(())
+}

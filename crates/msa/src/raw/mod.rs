@@ -55,6 +55,9 @@ pub use view::{DevSlice, DevSliceMut, Elem, Stream};
 
 pub use crate::error::{TopkFault, TopkFaultCode};
 
+#[cfg(feature = "msa")]
+pub(crate) use check::length as check_length;
+
 use crate::error::Result;
 
 /// The kernel set of the current device (the runtime's current device of the calling thread):
