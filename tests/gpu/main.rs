@@ -4,6 +4,7 @@
 
 mod attention;
 mod bench;
+mod graph;
 mod harness;
 mod indexer;
 mod kl;

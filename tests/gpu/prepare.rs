@@ -448,3 +448,86 @@ fn prepare_unchecked_captures_into_a_cuda_graph() {
     }
     harness::record("prepare_graph_capture", &group.name, &report, json!({}));
 }
+
+/// The layout arrays `DeviceLayout` derives on the device (`msa_prepare_layout` through
+/// `msa::raw::build_layout`, from the uploaded cu_seqlens and fragment_indices only) against
+/// `msa_plan::VarlenLayout`'s, word for word: `fragment_first [B]`, `query_fragment [T]`,
+/// `block_key_start`, `block_key_count [P]`. Outputs are poisoned first.
+fn layout_report(msa: &CudaMsa, layout: &VarlenLayout) -> CheckReport {
+    let dl = device_layout(msa, layout);
+    let (start, count) = layout.physical_block_keys();
+    let (b, t, p) = (layout.batch(), layout.total_q(), layout.padded_kv_blocks());
+    let mut r = CheckReport::default();
+    // An empty tensor is a 1-element allocation in the facade: compare the first `n` words.
+    let head = |v: Vec<i32>, n: usize| v[..n.min(v.len())].to_vec();
+    r.push(exact(
+        "fragment_first",
+        &head(fetch(msa, "fragment_first", dl.fragment_first()), b),
+        &layout.fragment_first(),
+        &[b],
+    ));
+    r.push(exact(
+        "query_fragment",
+        &head(fetch(msa, "query_fragment", dl.query_fragment()), t),
+        &layout.query_fragments(),
+        &[t],
+    ));
+    r.push(exact(
+        "block_key_start",
+        &head(fetch(msa, "block_key_start", dl.block_key_start()), p),
+        &start,
+        &[p],
+    ));
+    r.push(exact(
+        "block_key_count",
+        &head(fetch(msa, "block_key_count", dl.block_key_count()), p),
+        &count,
+        &[p],
+    ));
+    r
+}
+
+/// Every CP16 rank of every dev case, as `(case<id>/r<rank>, layout)`, built lazily.
+pub fn dev_layouts() -> impl Iterator<Item = (String, VarlenLayout)> {
+    use msa_workloads::{parse_manifest, CpConfig};
+    const DEV_MANIFEST_TEXT: &str = include_str!("../../data/cases/cp16_192k_dev.jsonl");
+    let cases = parse_manifest(DEV_MANIFEST_TEXT).expect("the embedded dev manifest parses");
+    cases.into_iter().flat_map(|case| {
+        let ranks = case.rank_cases(&CpConfig::default()).expect("CP16 split");
+        ranks.into_iter().map(|rc| {
+            (
+                format!("case{}/r{}", rc.case_id(), rc.rank()),
+                rc.layout().clone(),
+            )
+        })
+    })
+}
+
+#[test]
+fn layout_arrays_match_the_planner_on_edge_layouts_and_dev_cases() {
+    let msa = harness::device();
+    let mut sweep = Sweep::new("layout_arrays");
+    let mut layouts = harness::edge_layouts();
+    // Two documents split into fragments that share blocks: two fragments of equal length,
+    // then a document whose last fragment has keys but no queries.
+    layouts.push((
+        "shared_blocks_uneven".into(),
+        VarlenLayout::new(
+            &[0, 10, 20, 30, 40, 40],
+            &[0, 130, 300, 300, 520, 900],
+            Some(&[0, 0, 0, 3, 3]),
+        )
+        .unwrap(),
+    ));
+    for (name, layout) in layouts {
+        let extra =
+            json!({ "T": layout.total_q(), "B": layout.batch(), "P": layout.padded_kv_blocks() });
+        sweep.record(&name, &layout_report(msa, &layout), extra);
+    }
+    for (name, layout) in dev_layouts() {
+        let extra =
+            json!({ "T": layout.total_q(), "B": layout.batch(), "P": layout.padded_kv_blocks() });
+        sweep.record(&name, &layout_report(msa, &layout), extra);
+    }
+    sweep.finish();
+}
