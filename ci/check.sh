@@ -43,12 +43,13 @@ setup() {
 }
 
 # `msa` is the crate a framework links: its direct normal dependencies stay within this set, and
-# nothing of the harness or the CLI reaches it, with or without the CUDA feature.
+# nothing of the harness or the CLI reaches it, with or without the CUDA features; with `kernels`
+# alone (the raw layer a framework with its own cudarc links) no cudarc at all.
 library_deps() {
     local allowed=" msa-plan msa-probe msa-kernels cudarc half thiserror once_cell "
     local banned='^(clap|safetensors|serde|serde_json|rayon|msa-ref|msa-workloads|msa-harness) '
     local features dep
-    for features in "" "msa"; do
+    for features in "" "kernels" "msa"; do
         local args=(-p msa -e normal --prefix none --format '{p}')
         [ -n "$features" ] && args+=(--features "$features")
         for dep in $(cargo tree "${args[@]}" --depth 1 | tail -n +2 | cut -d' ' -f1); do
@@ -62,6 +63,10 @@ library_deps() {
             return 1
         fi
     done
+    if cargo tree -p msa -e normal --features kernels --prefix none --format '{p}' | grep -E '^cudarc '; then
+        echo "msa (--features kernels) depends on cudarc"
+        return 1
+    fi
     echo "msa: normal dependencies within the library set"
 }
 
