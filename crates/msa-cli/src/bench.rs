@@ -13,7 +13,7 @@ use msa_harness::{Result, Stage};
 use msa_plan::flops::FlopModel;
 
 use crate::args::named;
-use crate::json::JsonLines;
+use crate::json::{self, JsonLines};
 use crate::select::CaseArgs;
 
 #[derive(ClapArgs, Debug)]
@@ -38,6 +38,9 @@ pub struct Args {
     /// Write one JSON line per case (every timed call, medians, FLOPs) here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Replace an existing `--json` file (a regular file only, never the manifest).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode> {
@@ -48,9 +51,10 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     };
     opts.check()?;
     let selection = a.cases.select()?;
+    json::check(a.json.as_deref(), a.force, &[&a.cases.manifest_path()])?;
     let backend = Backend::cuda(false)?;
     eprintln!("backend: {}", backend.name());
-    let mut json = JsonLines::create(a.json.as_deref())?;
+    let mut json = JsonLines::create(a.json.as_deref(), a.force)?;
     // The last case built, kept while the specs only change its pattern (they are adjacent).
     let mut built: Option<(CaseSpec, CallInputs)> = None;
     for spec in &selection.specs {

@@ -13,7 +13,7 @@ use msa_harness::Result;
 use msa_plan::flops::FlopModel;
 
 use crate::args::{BackendArg, CheckArg, TolerancesArg};
-use crate::json::JsonLines;
+use crate::json::{self, JsonLines};
 use crate::select::CaseArgs;
 
 #[derive(ClapArgs, Debug)]
@@ -47,6 +47,9 @@ pub struct Args {
     /// Write every result (checks, times, FLOPs) as JSON lines here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Replace an existing `--json` file (a regular file only, never the manifest).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `  12.3 TFLOP/s (MSA FLOP model)` for `flops` done in `ms`, or GFLOP/s below a TFLOP/s.
@@ -61,6 +64,7 @@ fn rate(flops: f64, ms: f64) -> String {
 
 pub fn run(a: &Args) -> Result<ExitCode> {
     let tol = a.tolerances.tolerances();
+    json::check(a.json.as_deref(), a.force, &[&a.cases.manifest_path()])?;
     let selection = a.cases.select()?;
     let backend = a.backend.open(true)?;
     eprintln!("backend: {}", backend.name());
@@ -71,7 +75,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         deterministic: a.deterministic,
         loss_coeff: a.loss_coeff,
     };
-    let mut json = JsonLines::create(a.json.as_deref())?;
+    let mut json = JsonLines::create(a.json.as_deref(), a.force)?;
     let specs = &selection.specs;
     let mut failed = 0;
     for spec in specs {

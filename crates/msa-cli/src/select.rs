@@ -106,12 +106,16 @@ fn ids(picks: &[Pick], all: impl Fn() -> Vec<u64>) -> Vec<u64> {
 }
 
 impl CaseArgs {
+    /// The manifest the cases come from.
+    pub fn manifest_path(&self) -> PathBuf {
+        self.manifest
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEV_MANIFEST))
+    }
+
     /// Load the manifest and list every selected case; a case it does not have is an error.
     pub fn select(&self) -> Result<Selection> {
-        let manifest = self
-            .manifest
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEV_MANIFEST));
+        let manifest = self.manifest_path();
         let listed = cases::manifest(&manifest)?;
         let pairs: Vec<(u64, u64)> = if self.cases.is_empty() {
             let case_ids = ids(&self.case, || listed.iter().map(|c| c.case_id).collect());

@@ -1,7 +1,5 @@
 //! The harness's error: what a run, a check or a file can fail on, with the source kept.
 
-use std::path::PathBuf;
-
 use thiserror::Error;
 
 use crate::Stage;
@@ -32,12 +30,9 @@ pub enum HarnessError {
     #[error("case {id}: {reason}")]
     Case { id: u64, reason: String },
 
-    #[error("cannot write {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// An output path that may not be written, or a write that failed.
+    #[error(transparent)]
+    Output(#[from] crate::output_path::OutputError),
 
     /// A benchmarked stage whose inputs the call does not have.
     #[error("stage `{stage}` needs {tensors} in the inputs")]

@@ -9,6 +9,7 @@
 //! - [`check`]: MSA's tolerances, reference comparisons, an independent f64 oracle, and which of
 //!   them a run gets.
 //! - [`bench`]: device-timed repeats of each GPU [`Stage`] (medians, useful TFLOP/s).
+//! - [`output_path`]: files are written whole, over nothing but a regular file or a new path.
 //!
 //! [`CallInputs`]: io::CallInputs
 
@@ -18,6 +19,7 @@ pub mod cases;
 pub mod check;
 pub mod error;
 pub mod io;
+pub mod output_path;
 mod stage;
 
 pub use error::{HarnessError, Result};
