@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Args as ClapArgs;
 use msa_harness::backend::RunOptions;
-use msa_harness::io::{read_inputs, write_outputs};
+use msa_harness::io::{read_inputs_within, write_outputs};
+use msa_harness::memory::{CallShape, MemoryLimit};
 use msa_harness::{output_path, Result};
 
 use crate::args::BackendArg;
@@ -31,11 +32,15 @@ pub struct Args {
     pub force: bool,
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     // Refused before any work; the writer checks again before it renames its file into place.
     output_path::refuse_input(&a.outputs, &a.inputs)?;
     output_path::check(&a.outputs, a.force)?;
-    let p = read_inputs(&a.inputs)?;
+    let p = read_inputs_within(&a.inputs, limit)?;
+    let shape = CallShape::of(&p.layout);
+    limit.check(shape.run_bytes(), || {
+        format!("the call of {} ({shape})", a.inputs.display())
+    })?;
     let backend = a.backend.open(false)?;
     eprintln!(
         "{}: T {}, Tk {}, {} fragments; backward {}, indexer {}; backend {}",

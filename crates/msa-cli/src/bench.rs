@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use clap::Args as ClapArgs;
 use msa_harness::backend::Backend;
 use msa_harness::bench::{self, BenchOptions};
-use msa_harness::cases::{self, CaseSpec};
+use msa_harness::cases::{self, CaseSpec, Work};
 use msa_harness::io::CallInputs;
+use msa_harness::memory::MemoryLimit;
 use msa_harness::{Result, Stage};
 use msa_plan::flops::FlopModel;
 
@@ -43,7 +44,7 @@ pub struct Args {
     pub force: bool,
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     let opts = BenchOptions {
         stages: a.stages.clone(),
         warmup: a.warmup,
@@ -58,7 +59,8 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     // The last case built, kept while the specs only change its pattern (they are adjacent).
     let mut built: Option<(CaseSpec, CallInputs)> = None;
     for spec in &selection.specs {
-        let rank = cases::rank_case(&selection.listed, spec.case_id, spec.rank)?;
+        let rank =
+            cases::rank_case_within(&selection.listed, spec.case_id, spec.rank, Work::Run, limit)?;
         let p = match &mut built {
             Some((last, p))
                 if (last.case_id, last.rank, last.seed) == (spec.case_id, spec.rank, spec.seed) =>

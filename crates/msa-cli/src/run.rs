@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use clap::Args as ClapArgs;
 use msa_harness::backend::RunOptions;
-use msa_harness::cases;
+use msa_harness::cases::{self, Work};
 use msa_harness::check::{plan_for, CheckReport};
+use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
 use msa_plan::flops::FlopModel;
 
@@ -62,7 +63,7 @@ fn rate(flops: f64, ms: f64) -> String {
     }
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     let tol = a.tolerances.tolerances();
     json::check(a.json.as_deref(), a.force, &[&a.cases.manifest_path()])?;
     let selection = a.cases.select()?;
@@ -81,7 +82,8 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     for spec in specs {
         let t0 = Instant::now();
         eprintln!("{}: building inputs ...", spec.name());
-        let rank = cases::rank_case(&selection.listed, spec.case_id, spec.rank)?;
+        let rank =
+            cases::rank_case_within(&selection.listed, spec.case_id, spec.rank, Work::Run, limit)?;
         let p = cases::build(&rank, spec.pattern, spec.seed);
         eprintln!("{}: running on {} ...", spec.name(), backend.name());
         let result = backend.run(&p, &opts)?;

@@ -1006,3 +1006,120 @@ fn run_json_refuses_an_existing_file_and_the_manifest() {
         serde_json::from_str(std::fs::read_to_string(&json).unwrap().trim()).unwrap();
     assert_eq!(record["case"], "case7/r1/recent16/s0");
 }
+
+// ---- resources ---------------------------------------------------------------------------------
+
+#[test]
+fn a_huge_case_is_refused_before_it_is_built() {
+    // One document of 2^25 tokens: each rank holds 2^21 queries in 2,048 fragments whose K
+    // ranges add up to about 2^28 CSR rows. Built, it grows the process past 24 GB; under a
+    // 4 GB address-space limit it used to abort in the allocator.
+    let manifest = tmp("huge.jsonl");
+    std::fs::write(&manifest, manifest_line(1, &[0, 1 << 25]) + "\n").unwrap();
+    let case = ["--manifest", s(&manifest), "--case", "1"];
+    let plan = [&["plan"][..], &case].concat();
+    let run = [&["run"][..], &case, &["--backend", "cpu"]].concat();
+    for args in [plan, run] {
+        let o = msa_in_sh("ulimit -v 4000000", &args);
+        expect_exit(&o, 2);
+        let err = stderr(&o);
+        let last = err.lines().last().unwrap();
+        assert!(
+            last.starts_with("error: case 1 rank 0 (2097152 queries, ")
+                && last.contains(" needs about ")
+                && last.contains(" of memory, over the limit of ")
+                && last.contains("of the ")
+                && last.ends_with("set another limit with --memory-limit or MSA_MEMORY_LIMIT"),
+            "{err}"
+        );
+    }
+    // The limit can be given; the real cases fit the default.
+    let o = msa(&["plan", "--memory-limit", "1M"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("over the limit of 1.0 MiB (given)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_msa"))
+        .args(["plan", "--case", "434"])
+        .env("MSA_MEMORY_LIMIT", "2M")
+        .output()
+        .unwrap();
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("over the limit of 2.0 MiB (given)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = msa(&["plan", "--memory-limit", "lots"]);
+    expect_exit(&o, 2);
+    assert_invalid_value(&o, "lots", "--memory-limit");
+}
+
+#[test]
+fn inputs_that_never_end_or_do_not_fit_are_refused_before_they_are_read() {
+    let out = tmp("zero-out.safetensors");
+    let args = |input: &'static str| {
+        vec![
+            "attention",
+            "--inputs",
+            input,
+            "--outputs",
+            s(&out),
+            "--backend",
+            "cpu",
+        ]
+    };
+    let o = msa_in_sh("ulimit -v 4000000", &args("/dev/zero"));
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "error: /dev/zero is a character device, not a regular file"
+    );
+    // A file of the size its header declares (a hole), over a given limit.
+    let big = tmp("big.safetensors");
+    let header = r#"{"q":{"dtype":"BF16","shape":[65536,64,128],"data_offsets":[0,1073741824]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    let len = bytes.len() as u64 + (1 << 30);
+    std::fs::write(&big, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let o = msa(&[
+        "attention",
+        "--inputs",
+        s(&big),
+        "--outputs",
+        s(&out),
+        "--backend",
+        "cpu",
+        "--memory-limit",
+        "1G",
+    ]);
+    let _ = std::fs::remove_file(&big);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "error: reading {} ({len} bytes) needs about 2.0 GiB of memory, over the limit of \
+             1.0 GiB (given); set another limit with --memory-limit or MSA_MEMORY_LIMIT",
+            big.display()
+        )
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn plan_bounds_the_sm_count() {
+    for sms in ["18446744073709551615", "1000000000000", "0", "65537"] {
+        let o = msa(&["plan", "--sms", sms]);
+        expect_exit(&o, 2);
+        assert_invalid_value(&o, sms, "--sms");
+    }
+    expect_exit(&msa(&["plan", "--sms", "65536"]), 0);
+}

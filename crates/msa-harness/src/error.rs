@@ -34,6 +34,10 @@ pub enum HarnessError {
     #[error(transparent)]
     Output(#[from] crate::output_path::OutputError),
 
+    /// Work refused before it starts: it would need more memory than the limit.
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
+
     /// A benchmarked stage whose inputs the call does not have.
     #[error("stage `{stage}` needs {tensors} in the inputs")]
     MissingInputs { stage: Stage, tensors: &'static str },

@@ -7,10 +7,12 @@
 //! expected and the found value. Unknown tensor names are rejected so a misspelt optional tensor
 //! (say `dOut`) cannot silently drop a pass.
 //!
-//! Files are written whole or not at all, under the rules of [`crate::output_path`].
+//! A file is read only when it is a regular file whose size fits the memory limit; files are
+//! written whole or not at all, under the rules of [`crate::output_path`].
 
 use std::fmt::Write as _;
-use std::io::{self, Write};
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use half::bf16;
@@ -23,6 +25,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 use thiserror::Error;
 
+use crate::memory::{MemoryError, MemoryLimit};
 use crate::output_path::{self, OutputError};
 
 /// A rejected or unreadable tensor file.
@@ -37,6 +40,14 @@ pub enum TensorFileError {
 
     #[error("{} is not a valid safetensors file: {reason}", path.display())]
     Format { path: PathBuf, reason: String },
+
+    /// A FIFO or a device (say `/dev/zero`) is never read: it may not end.
+    #[error("{} is {kind}, not a regular file", path.display())]
+    NotAFile { path: PathBuf, kind: &'static str },
+
+    /// Holding the file would pass the memory limit.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
 
     /// The path may not be written, or writing it failed.
     #[error(transparent)]
@@ -454,17 +465,60 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| TensorFileError::Io {
+/// The whole file at `path`. Refused before reading: anything but a regular file (a FIFO or a
+/// device such as `/dev/zero` may never end), a header length that the file cannot hold, and a
+/// file that, held twice (the bytes, then the tensors decoded from them), would pass `limit`.
+fn read_bytes(path: &Path, limit: &MemoryLimit) -> Result<Vec<u8>> {
+    let io_err = |source| TensorFileError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let format_err = |reason: String| TensorFileError::Format {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // Checked on the path first: opening a FIFO would wait for a writer.
+    let meta = fs::metadata(path).map_err(io_err)?;
+    if !meta.is_file() {
+        return Err(TensorFileError::NotAFile {
+            path: path.to_path_buf(),
+            kind: output_path::kind(meta.file_type()),
+        });
+    }
+    let mut file = File::open(path).map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    let mut head = [0u8; 8];
+    file.read_exact(&mut head).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => format_err(format!(
+            "{len} bytes, shorter than the 8-byte header length"
+        )),
+        _ => io_err(e),
+    })?;
+    let header = u64::from_le_bytes(head);
+    if header > len - 8 {
+        return Err(format_err(format!(
+            "its header length {header} exceeds the {len}-byte file"
+        )));
+    }
+    limit.check(len.saturating_mul(2), || {
+        format!("reading {} ({len} bytes)", path.display())
+    })?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    bytes.extend_from_slice(&head);
+    // Bounded by the size just checked, should the file grow meanwhile.
+    file.take(len - 8).read_to_end(&mut bytes).map_err(io_err)?;
+    Ok(bytes)
 }
 
-/// Read and check an inputs file.
+/// Read and check an inputs file, within the host's memory limit ([`MemoryLimit::host`]).
 pub fn read_inputs(path: impl AsRef<Path>) -> Result<CallInputs> {
+    read_inputs_within(path, &MemoryLimit::host())
+}
+
+/// Read and check an inputs file, refused when holding it would pass `limit`.
+pub fn read_inputs_within(path: impl AsRef<Path>, limit: &MemoryLimit) -> Result<CallInputs> {
     let path = path.as_ref();
-    let bytes = read_bytes(path)?;
+    let bytes = read_bytes(path, limit)?;
     let mut r = Reader::new(path, &bytes, "an input", &INPUTS)?;
     let q = r.required(&Q)?;
     let k = r.required(&K)?;
@@ -514,10 +568,15 @@ pub fn read_inputs(path: impl AsRef<Path>) -> Result<CallInputs> {
     })
 }
 
-/// Read and check an outputs file (every tensor optional).
+/// Read and check an outputs file (every tensor optional), within the host's memory limit.
 pub fn read_outputs(path: impl AsRef<Path>) -> Result<Outputs> {
+    read_outputs_within(path, &MemoryLimit::host())
+}
+
+/// Read and check an outputs file, refused when holding it would pass `limit`.
+pub fn read_outputs_within(path: impl AsRef<Path>, limit: &MemoryLimit) -> Result<Outputs> {
     let path = path.as_ref();
-    let bytes = read_bytes(path)?;
+    let bytes = read_bytes(path, limit)?;
     let mut r = Reader::new(path, &bytes, "an output", &OUTPUTS)?;
     Ok(Outputs {
         out: r.optional(&OUT)?,

@@ -441,7 +441,64 @@ fn writes_check_lengths_and_sizes() {
     );
 }
 
-// ---- files that must not be written over -------------------------------------------------------
+// ---- files that must not be read whole, or written over -----------------------------------
+
+#[test]
+fn a_device_is_refused_before_anything_is_read() {
+    // /dev/zero never ends: read whole, it ends in "out of memory".
+    let e = read_inputs("/dev/zero").unwrap_err();
+    assert!(matches!(e, TensorFileError::NotAFile { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "/dev/zero is a character device, not a regular file"
+    );
+}
+
+#[test]
+fn a_header_length_beyond_the_file_is_named() {
+    let path = tmp("long-header");
+    let mut bytes = 1000u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(b"{}      ");
+    std::fs::write(&path, bytes).unwrap();
+    let e = read_inputs(&path).unwrap_err().to_string();
+    assert!(
+        e.ends_with(
+            "io_file-long-header.safetensors is not a valid safetensors file: its header \
+             length 1000 exceeds the 16-byte file"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_file_that_declares_huge_tensors_is_refused_before_it_is_read() {
+    // A valid header for a 1 TiB `q`, with the data as a hole: the file is as large as the
+    // header says, so only the memory limit stands between it and the allocator.
+    let path = tmp("huge");
+    let rows = (1usize << 40) / (64 * 128 * 2);
+    let header = format!(
+        r#"{{"q":{{"dtype":"BF16","shape":[{rows},64,128],"data_offsets":[0,{}]}}}}"#,
+        1u64 << 40
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    let len = bytes.len() as u64 + (1 << 40);
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let e = read_inputs(&path).unwrap_err();
+    let _ = std::fs::remove_file(&path);
+    assert!(matches!(e, TensorFileError::Memory(_)), "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains(&format!("io_file-huge.safetensors ({len} bytes) needs about 2048.0 GiB of memory, over the limit of")),
+        "{e}"
+    );
+}
 
 /// The mode a new file gets here (0666 less the umask), read off a file std creates.
 fn usual_mode(dir: &Path) -> u32 {
