@@ -1123,3 +1123,35 @@ fn plan_bounds_the_sm_count() {
     }
     expect_exit(&msa(&["plan", "--sms", "65536"]), 0);
 }
+
+// ---- messages ----------------------------------------------------------------------------------
+
+#[test]
+fn a_wrong_total_is_named_before_the_query_limit() {
+    let mut tensors = inputs(26);
+    for t in tensors.iter_mut() {
+        if t.0 == "cu_seqlens_q" || t.0 == "cu_seqlens_k" {
+            t.3 = i32_bytes(&[0, 3, 1_000_000_000]);
+        }
+    }
+    let input = write_file("total-in.safetensors", &tensors);
+    let o = attention(&input, &tmp("total-out.safetensors"), false);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "error: inconsistent sizes: cu_seqlens_q[B] = 1000000000 but `q` has T = 8"
+    );
+}
+
+#[cfg(not(feature = "msa"))]
+#[test]
+fn info_says_the_cpu_backend_works_and_how_to_build_the_kernels() {
+    let o = msa(&["info"]);
+    expect_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("backend cpu: available"), "{out}");
+    assert!(
+        out.contains("to build the CUDA kernels: `cargo xtask build-kernels`, then build or run with `--features msa`"),
+        "{out}"
+    );
+}

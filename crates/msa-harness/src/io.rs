@@ -544,19 +544,19 @@ pub fn read_inputs_within(path: impl AsRef<Path>, limit: &MemoryLimit) -> Result
             })
         }
     };
-    let layout = VarlenLayout::new(&cu_q, &cu_k, fragment_indices.as_deref())?;
-    for (spec, sym, total) in [
-        (&CU_Q, Sym::T, layout.total_q()),
-        (&CU_K, Sym::Tk, layout.total_k()),
-    ] {
+    // Before the layout's own rules: a total that disagrees with the tensors is the plainer
+    // message (and the layout's size limits would speak of a length no tensor has).
+    for (spec, cu, sym) in [(&CU_Q, &cu_q, Sym::T), (&CU_K, &cu_k, Sym::Tk)] {
         let (n, by) = r.sizes.get(sym).expect("q and k bind T and Tk");
-        if n != total {
+        let total = *cu.last().expect("a [B+1] shape has an entry");
+        if i64::from(total) != n as i64 {
             return Err(TensorFileError::Inconsistent(format!(
                 "{}[B] = {total} but `{by}` has {sym:?} = {n}",
                 spec.name
             )));
         }
     }
+    let layout = VarlenLayout::new(&cu_q, &cu_k, fragment_indices.as_deref())?;
     Ok(CallInputs {
         layout,
         q,

@@ -444,6 +444,20 @@ fn writes_check_lengths_and_sizes() {
 // ---- files that must not be read whole, or written over -----------------------------------
 
 #[test]
+fn totals_that_disagree_with_the_tensors_are_named_before_the_layout_limits() {
+    // cu_seqlens ending at 10^9 with 5 queries: the plain message is the disagreement, not the
+    // 2^24 per-fragment query limit the layout would hit first.
+    let cu = [0, 2, 1_000_000_000];
+    let mut tensors = with("cu_seqlens_q", Some(("I32", vec![3], i32_bytes(&cu))));
+    tensors.retain(|t| t.0 != "cu_seqlens_k");
+    tensors.push(("cu_seqlens_k".into(), "I32", vec![3], i32_bytes(&cu)));
+    assert_eq!(
+        read_err("total-1e9", &tensors),
+        "inconsistent sizes: cu_seqlens_q[B] = 1000000000 but `q` has T = 5"
+    );
+}
+
+#[test]
 fn a_device_is_refused_before_anything_is_read() {
     // /dev/zero never ends: read whole, it ends in "out of memory".
     let e = read_inputs("/dev/zero").unwrap_err();
