@@ -1155,3 +1155,55 @@ fn info_says_the_cpu_backend_works_and_how_to_build_the_kernels() {
         "{out}"
     );
 }
+
+// ---- bench: suites and JSON ---------------------------------------------------------------------
+
+#[test]
+fn bench_takes_a_suite_and_checks_its_json_path_before_the_gpu() {
+    let o = msa(&["bench", "--suite", "dev", "--case", "434"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o)
+            .contains("the argument '--suite <dev|FILE>' cannot be used with '--case <CASE>'"),
+        "{}",
+        stderr(&o)
+    );
+    let missing = tmp("no-suite.json");
+    let o = msa(&["bench", "--suite", s(&missing)]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).starts_with(&format!("error: cannot read {}: ", missing.display())),
+        "{}",
+        stderr(&o)
+    );
+    let json = tmp("bench-existing.jsonl");
+    std::fs::write(&json, b"earlier\n").unwrap();
+    let o = msa(&["bench", "--suite", "dev", "--json", s(&json)]);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "error: {} already exists (overwrite it with force)",
+            json.display()
+        )
+    );
+    assert_eq!(std::fs::read(&json).unwrap(), b"earlier\n");
+    let suite = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/cases/dev_bench.json");
+    let o = msa(&["bench", "--suite", "dev", "--json", s(&suite), "--force"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("dev_bench.json is the input file"),
+        "{}",
+        stderr(&o)
+    );
+    #[cfg(not(feature = "msa"))]
+    {
+        let o = msa(&["bench", "--suite", "dev", "--json", s(&json), "--force"]);
+        expect_exit(&o, 2);
+        assert!(
+            stderr(&o).contains("error: msa-rs was built without CUDA support"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}

@@ -26,6 +26,10 @@ pub enum HarnessError {
     #[error(transparent)]
     Workload(#[from] msa_workloads::WorkloadError),
 
+    /// A benchmark selection file that cannot be read or is not valid.
+    #[error(transparent)]
+    Suite(#[from] crate::bench::SuiteError),
+
     /// A case id or rank that the manifest or the CP split does not have.
     #[error("case {id}: {reason}")]
     Case { id: u64, reason: String },
