@@ -73,7 +73,7 @@ torch_interop() {
 timings() {
     "$here/msa" run --backend cuda --cases "${MSA_TIMING_CASES:-151:7,434:2,605:13,157:13}" \
         --pattern "${MSA_TIMING_PATTERN:-recent16}" --indexer --kl --check sample \
-        --json "$out/timings.jsonl" 2>&1 | tee "$out/timings.log"
+        --json "$out/timings.jsonl" --force 2>&1 | tee "$out/timings.log"
     return "${PIPESTATUS[0]}"
 }
 
@@ -81,7 +81,7 @@ bench() {
     local rc
     "$here/msa" bench --cases "${MSA_BENCH_CASES:-151:7,605:13,434:2}" \
         --pattern "${MSA_BENCH_PATTERNS:-recent16,random,b0p99,spread}" \
-        --json "$out/bench.jsonl" 2>&1 | tee "$out/bench.log"
+        --json "$out/bench.jsonl" --force 2>&1 | tee "$out/bench.log"
     rc=${PIPESTATUS[0]}
     python3 "$here/bench_peers.py" "$out/peers.jsonl" 2>&1 | tee "$out/peers.log"
     [ "$rc" -eq 0 ] && [ "${PIPESTATUS[0]}" -eq 0 ]

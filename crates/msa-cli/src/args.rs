@@ -91,3 +91,51 @@ pub fn named<T: Copy + Send + Sync + 'static>(
             .expect("clap accepts listed names only")
     })
 }
+
+/// A byte count: digits with an optional binary suffix `K`, `M`, `G` or `T` (`16G`, `512M`,
+/// `1000000`); `KiB`-style and `B` endings are accepted too.
+pub fn bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown unit `{c}` (use K, M, G or T)")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| "expected a byte count such as 16G, 512M or 1000000".to_string())?;
+    n.checked_mul(1 << shift)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("{text} is not a positive byte count below 16 EiB"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(bytes("1000000"), Ok(1_000_000));
+        assert_eq!(bytes("512M"), Ok(512 << 20));
+        assert_eq!(bytes("16g"), Ok(16 << 30));
+        assert_eq!(bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(bytes("3KB"), Ok(3 << 10));
+        assert!(bytes("0").is_err());
+        assert!(bytes("4X").unwrap_err().contains("unknown unit `X`"));
+        assert!(bytes("lots").is_err());
+        assert!(bytes("99999999T").is_err());
+    }
+}

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::Args as ClapArgs;
 use msa_harness::backend::RunOptions;
-use msa_harness::io::{read_inputs, write_outputs, TensorFileError};
-use msa_harness::Result;
+use msa_harness::io::{read_inputs_within, write_outputs};
+use msa_harness::memory::{CallShape, MemoryLimit};
+use msa_harness::{output_path, Result};
 
 use crate::args::BackendArg;
 
@@ -25,20 +26,21 @@ pub struct Args {
     /// Bitwise-repeatable backward.
     #[arg(long)]
     pub deterministic: bool,
-    /// Overwrite an existing outputs file.
+    /// Replace an existing outputs file (a regular file only: never a device, FIFO, link or
+    /// directory, never the inputs).
     #[arg(long)]
     pub force: bool,
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
-    // Refused before any work; the writer refuses again should the file appear meanwhile.
-    if a.outputs.exists() && !a.force {
-        return Err(TensorFileError::Exists {
-            path: a.outputs.clone(),
-        }
-        .into());
-    }
-    let p = read_inputs(&a.inputs)?;
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
+    // Refused before any work; the writer checks again before it renames its file into place.
+    output_path::refuse_input(&a.outputs, &a.inputs)?;
+    output_path::check(&a.outputs, a.force)?;
+    let p = read_inputs_within(&a.inputs, limit)?;
+    let shape = CallShape::of(&p.layout);
+    limit.check(shape.run_bytes(), || {
+        format!("the call of {} ({shape})", a.inputs.display())
+    })?;
     let backend = a.backend.open(false)?;
     eprintln!(
         "{}: T {}, Tk {}, {} fragments; backward {}, indexer {}; backend {}",

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Args as ClapArgs;
 use msa_harness::check::against_outputs;
-use msa_harness::io::read_outputs;
+use msa_harness::io::read_outputs_within;
+use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
 
 use crate::args::TolerancesArg;
@@ -22,8 +23,9 @@ pub struct Args {
     pub tolerances: TolerancesArg,
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
-    let (x, y) = (read_outputs(&a.actual)?, read_outputs(&a.expected)?);
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
+    let x = read_outputs_within(&a.actual, limit)?;
+    let y = read_outputs_within(&a.expected, limit)?;
     let r = against_outputs(&x, &y, &a.tolerances.tolerances())?;
     println!(
         "{} vs {}: {}",

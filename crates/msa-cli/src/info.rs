@@ -1,4 +1,5 @@
-//! `msa info`: what this binary was built with and what the device probe sees.
+//! `msa info`: what this binary was built with, what the device probe sees, and what works
+//! without a GPU.
 
 use std::process::ExitCode;
 
@@ -17,10 +18,21 @@ pub fn run() -> ExitCode {
             archs.join(", ")
         }
     );
+    println!(
+        "backend cpu: available (the CPU reference: `msa run --backend cpu`, and what \
+         `--backend auto` uses without a GPU)"
+    );
     let count = match msa_probe::device_count() {
         Ok(n) => n,
         Err(e) => {
             println!("devices: unavailable: {e}");
+            if cfg!(not(feature = "msa")) {
+                println!(
+                    "to build the CUDA kernels: `cargo xtask build-kernels`, then build or run \
+                     with `--features msa` (e.g. `cargo run --release -p msa-cli --features msa \
+                     -- info`)"
+                );
+            }
             return ExitCode::SUCCESS;
         }
     };

@@ -1,23 +1,35 @@
-//! `--json` files: one JSON line per case.
+//! `--json` files: one JSON line per record, written as the work goes, under the rules of
+//! `msa_harness::output_path` (an existing file only with `--force`, a regular file only, never
+//! an input of the command).
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use msa_harness::{HarnessError, Result};
+use msa_harness::output_path::{self, OutputError};
+use msa_harness::Result;
+
+/// Before any work: `path` may be written, and is none of the command's `inputs`.
+pub fn check(path: Option<&Path>, force: bool, inputs: &[&Path]) -> Result<()> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    for input in inputs {
+        output_path::refuse_input(path, input)?;
+    }
+    Ok(output_path::check(path, force)?)
+}
 
 /// An open `--json` file (or none), whose I/O errors name it.
 pub struct JsonLines(Option<(PathBuf, File)>);
 
 impl JsonLines {
-    pub fn create(path: Option<&Path>) -> Result<Self> {
+    /// Create (or, with `force`, truncate) the file; [`check`] it before the work first.
+    pub fn create(path: Option<&Path>, force: bool) -> Result<Self> {
         let Some(path) = path else {
             return Ok(Self(None));
         };
-        let file = File::create(path).map_err(|source| HarnessError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let file = output_path::create(path, force)?;
         Ok(Self(Some((path.to_path_buf(), file))))
     }
 
@@ -26,9 +38,12 @@ impl JsonLines {
         let Some((path, file)) = &mut self.0 else {
             return Ok(());
         };
-        writeln!(file, "{}", line()).map_err(|source| HarnessError::Io {
-            path: path.clone(),
-            source,
+        writeln!(file, "{}", line()).map_err(|source| {
+            OutputError::Write {
+                path: path.clone(),
+                source,
+            }
+            .into()
         })
     }
 }

@@ -14,6 +14,7 @@ mod select;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use msa_harness::memory::MemoryLimit;
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +25,17 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Most memory a command plans to hold, in bytes or with a K, M, G or T suffix (binary);
+    /// cases and files that would need more are refused before anything is built. Default: 3/4
+    /// of what this process may use (available memory, cgroup limit, `ulimit -v`).
+    #[arg(
+        long,
+        global = true,
+        env = "MSA_MEMORY_LIMIT",
+        value_name = "BYTES",
+        value_parser = args::bytes
+    )]
+    memory_limit: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -45,13 +57,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let limit = cli
+        .memory_limit
+        .map_or_else(MemoryLimit::host, MemoryLimit::given);
     let result = match cli.command {
         Command::Info => Ok(info::run()),
-        Command::Plan(a) => plan::run(&a),
-        Command::Run(a) => run::run(&a),
-        Command::Attention(a) => attention::run(&a),
-        Command::Compare(a) => compare::run(&a),
-        Command::Bench(a) => bench::run(&a),
+        Command::Plan(a) => plan::run(&a, &limit),
+        Command::Run(a) => run::run(&a, &limit),
+        Command::Attention(a) => attention::run(&a, &limit),
+        Command::Compare(a) => compare::run(&a, &limit),
+        Command::Bench(a) => bench::run(&a, &limit),
     };
     match result {
         Ok(code) => code,

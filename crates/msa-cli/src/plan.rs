@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Args as ClapArgs;
-use msa_harness::cases;
+use msa_harness::cases::{self, Work};
+use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
 use msa_plan::backward::{build_backward_tasks, MsaBackwardSchedule};
 use msa_plan::csr::build_k2q_csr;
@@ -18,11 +19,16 @@ pub struct Args {
     #[command(flatten)]
     pub cases: CaseArgs,
     /// SM count the schedules are planned for (132 on an H200).
-    #[arg(long, default_value_t = 132)]
-    pub sms: usize,
+    #[arg(long, default_value_t = 132, value_parser = clap::value_parser!(u32).range(1..=MAX_SMS))]
+    pub sms: u32,
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
+/// The most SMs a plan is made for: far beyond any GPU, and small enough that no schedule
+/// arithmetic on it can overflow.
+const MAX_SMS: i64 = 65_536;
+
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
+    let sms = a.sms as usize;
     let selection = a.cases.select()?;
     println!(
         "{:<28} {:>6} {:>7} {:>5} {:>6} {:>8} {:>6} {:>7} {:>7} {:>6} {:>5} {:>6} {:>7} {:>7}",
@@ -43,17 +49,23 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     );
     for spec in &selection.specs {
         eprintln!("planning {} ...", spec.name());
-        let rank = cases::rank_case(&selection.listed, spec.case_id, spec.rank)?;
+        let rank = cases::rank_case_within(
+            &selection.listed,
+            spec.case_id,
+            spec.rank,
+            Work::Plan,
+            limit,
+        )?;
         let layout = rank.layout();
         let topk = cases::selection(&rank, spec.pattern, spec.seed);
         validate_topk(layout, &topk)?;
         let csr = build_k2q_csr(layout, &topk)?;
-        let target = balanced_target_q_per_cta(layout.total_q(), a.sms);
+        let target = balanced_target_q_per_cta(layout.total_q(), sms);
         let items = build_work_items(layout, &csr, target)?;
         let capacity = flat_schedule_capacity(layout.total_rows(), layout.total_q(), target);
         let schedule = MsaBackwardSchedule::from_plan(layout, &csr, &items, capacity)?;
         let tasks =
-            build_backward_tasks(&schedule, layout.total_q(), layout.workspace_rows(), a.sms)?;
+            build_backward_tasks(&schedule, layout.total_q(), layout.workspace_rows(), sms)?;
         let edges: usize = (0..4)
             .map(|h| csr.row_ptr[h * (layout.total_rows() + 1) + layout.total_rows()] as usize)
             .sum();

@@ -7,13 +7,14 @@ use std::time::Instant;
 
 use clap::Args as ClapArgs;
 use msa_harness::backend::RunOptions;
-use msa_harness::cases;
+use msa_harness::cases::{self, Work};
 use msa_harness::check::{plan_for, CheckReport};
+use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
 use msa_plan::flops::FlopModel;
 
 use crate::args::{BackendArg, CheckArg, TolerancesArg};
-use crate::json::JsonLines;
+use crate::json::{self, JsonLines};
 use crate::select::CaseArgs;
 
 #[derive(ClapArgs, Debug)]
@@ -47,6 +48,9 @@ pub struct Args {
     /// Write every result (checks, times, FLOPs) as JSON lines here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Replace an existing `--json` file (a regular file only, never the manifest).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `  12.3 TFLOP/s (MSA FLOP model)` for `flops` done in `ms`, or GFLOP/s below a TFLOP/s.
@@ -59,8 +63,9 @@ fn rate(flops: f64, ms: f64) -> String {
     }
 }
 
-pub fn run(a: &Args) -> Result<ExitCode> {
+pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     let tol = a.tolerances.tolerances();
+    json::check(a.json.as_deref(), a.force, &[&a.cases.manifest_path()])?;
     let selection = a.cases.select()?;
     let backend = a.backend.open(true)?;
     eprintln!("backend: {}", backend.name());
@@ -71,13 +76,14 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         deterministic: a.deterministic,
         loss_coeff: a.loss_coeff,
     };
-    let mut json = JsonLines::create(a.json.as_deref())?;
+    let mut json = JsonLines::create(a.json.as_deref(), a.force)?;
     let specs = &selection.specs;
     let mut failed = 0;
     for spec in specs {
         let t0 = Instant::now();
         eprintln!("{}: building inputs ...", spec.name());
-        let rank = cases::rank_case(&selection.listed, spec.case_id, spec.rank)?;
+        let rank =
+            cases::rank_case_within(&selection.listed, spec.case_id, spec.rank, Work::Run, limit)?;
         let p = cases::build(&rank, spec.pattern, spec.seed);
         eprintln!("{}: running on {} ...", spec.name(), backend.name());
         let result = backend.run(&p, &opts)?;

@@ -106,12 +106,16 @@ fn ids(picks: &[Pick], all: impl Fn() -> Vec<u64>) -> Vec<u64> {
 }
 
 impl CaseArgs {
+    /// The manifest the cases come from.
+    pub fn manifest_path(&self) -> PathBuf {
+        self.manifest
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEV_MANIFEST))
+    }
+
     /// Load the manifest and list every selected case; a case it does not have is an error.
     pub fn select(&self) -> Result<Selection> {
-        let manifest = self
-            .manifest
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEV_MANIFEST));
+        let manifest = self.manifest_path();
         let listed = cases::manifest(&manifest)?;
         let pairs: Vec<(u64, u64)> = if self.cases.is_empty() {
             let case_ids = ids(&self.case, || listed.iter().map(|c| c.case_id).collect());
@@ -125,22 +129,36 @@ impl CaseArgs {
         } else {
             self.cases.iter().map(|p| (p.case_id, p.rank)).collect()
         };
-        let mut specs = Vec::with_capacity(pairs.len() * self.pattern.len());
-        for (case_id, rank) in pairs {
+        Selection::new(manifest, listed, &pairs, &self.pattern, self.seed)
+    }
+}
+
+impl Selection {
+    /// Every (case, rank) of `pairs` under each of `patterns`, from the cases `listed` in
+    /// `manifest`; a case it does not have is an error.
+    pub fn new(
+        manifest: PathBuf,
+        listed: Vec<RealCase>,
+        pairs: &[(u64, u64)],
+        patterns: &[Pattern],
+        seed: u64,
+    ) -> Result<Self> {
+        let mut specs = Vec::with_capacity(pairs.len() * patterns.len());
+        for &(case_id, rank) in pairs {
             if !listed.iter().any(|c| c.case_id == case_id) {
                 return Err(HarnessError::Case {
                     id: case_id,
                     reason: format!("not in {}", manifest.display()),
                 });
             }
-            specs.extend(self.pattern.iter().map(|&pattern| CaseSpec {
+            specs.extend(patterns.iter().map(|&pattern| CaseSpec {
                 manifest: manifest.clone(),
                 case_id,
                 rank: rank as usize,
                 pattern,
-                seed: self.seed,
+                seed,
             }));
         }
-        Ok(Selection { listed, specs })
+        Ok(Self { listed, specs })
     }
 }

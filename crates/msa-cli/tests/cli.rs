@@ -700,3 +700,510 @@ fn compare_strict_tolerances_catch_what_msa_limits_allow() {
         stderr(&o)
     );
 }
+
+// ---- nothing lost: what `--outputs` and `--json` may write over --------------------------------
+
+/// `msa` run by `sh` after `setup` (a umask, a ulimit); `args` are quoted for the shell.
+fn msa_in_sh(setup: &str, args: &[&str]) -> Output {
+    let quoted: Vec<String> = args
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect();
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{setup}; exec '{}' {}",
+            env!("CARGO_BIN_EXE_msa"),
+            quoted.join(" ")
+        ))
+        .output()
+        .expect("sh runs")
+}
+
+/// A fresh scratch directory.
+fn tmp_dir(name: &str) -> PathBuf {
+    let d = tmp(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// What `path` is, as `ls -l` would start its line (`c`, `p`, `l`, `d`, `-`).
+fn file_kind(path: &Path) -> char {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::symlink_metadata(path).unwrap().file_type();
+    match () {
+        _ if t.is_char_device() => 'c',
+        _ if t.is_fifo() => 'p',
+        _ if t.is_symlink() => 'l',
+        _ if t.is_dir() => 'd',
+        _ => '-',
+    }
+}
+
+/// The call ran (it prints the inputs' sizes first): refusals must come before it.
+fn computed(o: &Output) -> bool {
+    stderr(o).contains("T 8, Tk 200")
+}
+
+#[test]
+fn attention_never_writes_over_a_device_a_fifo_a_link_or_a_directory() {
+    let dir = tmp_dir("special");
+    let input = write_file("special-in.safetensors", &inputs(21));
+    let keep = dir.join("keep.safetensors");
+    std::fs::write(&keep, b"keep").unwrap();
+    let dev = dir.join("dev");
+    let made = Command::new("mknod")
+        .arg(&dev)
+        .args(["c", "1", "3"])
+        .status();
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&keep, &link).unwrap();
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let mut targets = vec![
+        (fifo, 'p', "a FIFO"),
+        (link, 'l', "a symbolic link"),
+        (sub, 'd', "a directory"),
+    ];
+    if made.is_ok_and(|s| s.success()) {
+        targets.push((dev, 'c', "a character device"));
+    } else {
+        eprintln!("NOTE: mknod is not permitted here; the device-node case is skipped");
+    }
+    for (path, kind, what) in &targets {
+        for force in [false, true] {
+            let o = attention(&input, path, force);
+            expect_exit(&o, 2);
+            assert_eq!(
+                stderr(&o).trim_end(),
+                format!(
+                    "error: {} is {what}, not a regular file; refusing to write over it",
+                    path.display()
+                ),
+                "--force {force}"
+            );
+            assert!(!computed(&o));
+            assert_eq!(file_kind(path), *kind, "{} was replaced", path.display());
+        }
+    }
+    assert_eq!(std::fs::read(&keep).unwrap(), b"keep");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1 + targets.len());
+}
+
+#[test]
+fn attention_never_writes_over_its_inputs() {
+    let dir = tmp_dir("same");
+    let input = dir.join("in.safetensors");
+    std::fs::write(&input, encode(&inputs(22))).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let link = dir.join("link.safetensors");
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    let hard = dir.join("hard.safetensors");
+    std::fs::hard_link(&input, &hard).unwrap();
+    let respelt = dir.join(".").join("in.safetensors");
+    for out in [&input, &link, &hard, &respelt] {
+        let o = attention(&input, out, true);
+        expect_exit(&o, 2);
+        assert_eq!(
+            stderr(&o).trim_end(),
+            format!(
+                "error: {} is the input file {}; write to another path",
+                out.display(),
+                input.display()
+            )
+        );
+        assert!(!computed(&o));
+    }
+    assert_eq!(std::fs::read(&input).unwrap(), before);
+}
+
+#[test]
+fn outputs_get_the_usual_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let input = write_file("mode-in.safetensors", &inputs(23));
+    for (umask, mode) in [("022", 0o644), ("077", 0o600), ("002", 0o664)] {
+        let out = tmp(&format!("mode-{umask}.safetensors"));
+        let args = [
+            "attention",
+            "--inputs",
+            s(&input),
+            "--outputs",
+            s(&out),
+            "--backend",
+            "cpu",
+        ];
+        expect_exit(&msa_in_sh(&format!("umask {umask}"), &args), 0);
+        let got = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(got, mode, "umask {umask}: mode {got:o}");
+    }
+}
+
+#[test]
+fn output_path_problems_are_found_before_any_work() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp_dir("paths");
+    let input = write_file("paths-in.safetensors", &inputs(24));
+    let missing = dir.join("no-such-dir").join("out.safetensors");
+    let locked = dir.join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let read_only = dir.join("read-only.safetensors");
+    std::fs::write(&read_only, b"old").unwrap();
+    std::fs::set_permissions(&read_only, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let cases = [
+        (
+            missing.clone(),
+            format!(
+                "cannot write {}: directory {} does not exist",
+                missing.display(),
+                missing.parent().unwrap().display()
+            ),
+        ),
+        (
+            locked.join("out.safetensors"),
+            format!(
+                "cannot write {}: directory {} is write-protected",
+                locked.join("out.safetensors").display(),
+                locked.display()
+            ),
+        ),
+        (
+            read_only.clone(),
+            format!(
+                "{} is write-protected; refusing to replace it",
+                read_only.display()
+            ),
+        ),
+    ];
+    for (out, message) in &cases {
+        let o = attention(&input, out, true);
+        expect_exit(&o, 2);
+        assert_eq!(stderr(&o).trim_end(), format!("error: {message}"));
+        assert!(!computed(&o));
+    }
+    assert_eq!(std::fs::read(&read_only).unwrap(), b"old");
+    assert_eq!(std::fs::read_dir(&locked).unwrap().count(), 0);
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // `msa run --json` too: refused before the case is built.
+    let json = dir.join("no-such-dir").join("run.jsonl");
+    let o = msa(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--check",
+        "none",
+        "--json",
+        s(&json),
+    ]);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "error: cannot write {}: directory {} does not exist",
+            json.display(),
+            json.parent().unwrap().display()
+        )
+    );
+}
+
+#[test]
+fn a_failed_write_names_the_outputs_file_not_a_temporary_one() {
+    // A file-size limit makes every write past it fail (EFBIG; the signal it also raises is
+    // ignored so that the error is what the command sees).
+    let dir = tmp_dir("efbig");
+    let input = write_file("efbig-in.safetensors", &inputs(25));
+    let out = dir.join("out.safetensors");
+    let args = [
+        "attention",
+        "--inputs",
+        s(&input),
+        "--outputs",
+        s(&out),
+        "--backend",
+        "cpu",
+    ];
+    let o = msa_in_sh("trap '' XFSZ; ulimit -f 64", &args);
+    expect_exit(&o, 2);
+    let err = stderr(&o);
+    let last = err.lines().last().unwrap();
+    assert_eq!(
+        last,
+        format!(
+            "error: cannot write {}: File too large (os error 27)",
+            out.display()
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("not a valid safetensors file"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no temporary file is left"
+    );
+}
+
+/// A one-case manifest of the small pack, for quick runs.
+fn small_manifest(name: &str) -> PathBuf {
+    let manifest = tmp(name);
+    std::fs::write(&manifest, manifest_line(7, &small_pack()) + "\n").unwrap();
+    manifest
+}
+
+#[test]
+fn run_json_refuses_an_existing_file_and_the_manifest() {
+    let manifest = small_manifest("json-manifest.jsonl");
+    let text = std::fs::read(&manifest).unwrap();
+    let base = [
+        "run",
+        "--manifest",
+        s(&manifest),
+        "--case",
+        "7",
+        "--rank",
+        "1",
+        "--backend",
+        "cpu",
+        "--check",
+        "none",
+    ];
+    // The manifest being read is never the --json file, --force or not.
+    for force in [&[][..], &["--force"]] {
+        let o = msa(&[&base[..], &["--json", s(&manifest)], force].concat());
+        expect_exit(&o, 2);
+        assert_eq!(
+            stderr(&o).trim_end(),
+            format!(
+                "error: {0} is the input file {0}; write to another path",
+                manifest.display()
+            )
+        );
+        assert_eq!(std::fs::read(&manifest).unwrap(), text);
+    }
+    let json = tmp("json-existing.jsonl");
+    std::fs::write(&json, b"earlier results\n").unwrap();
+    let o = msa(&[&base[..], &["--json", s(&json)]].concat());
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "error: {} already exists (overwrite it with force)",
+            json.display()
+        )
+    );
+    assert!(!stdout(&o).contains("case7"), "refused before the run");
+    assert_eq!(std::fs::read(&json).unwrap(), b"earlier results\n");
+    let o = msa(&[&base[..], &["--json", s(&json), "--force"]].concat());
+    expect_exit(&o, 0);
+    let record: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&json).unwrap().trim()).unwrap();
+    assert_eq!(record["case"], "case7/r1/recent16/s0");
+}
+
+// ---- resources ---------------------------------------------------------------------------------
+
+#[test]
+fn a_huge_case_is_refused_before_it_is_built() {
+    // One document of 2^25 tokens: each rank holds 2^21 queries in 2,048 fragments whose K
+    // ranges add up to about 2^28 CSR rows. Built, it grows the process past 24 GB; under a
+    // 4 GB address-space limit it used to abort in the allocator.
+    let manifest = tmp("huge.jsonl");
+    std::fs::write(&manifest, manifest_line(1, &[0, 1 << 25]) + "\n").unwrap();
+    let case = ["--manifest", s(&manifest), "--case", "1"];
+    let plan = [&["plan"][..], &case].concat();
+    let run = [&["run"][..], &case, &["--backend", "cpu"]].concat();
+    for args in [plan, run] {
+        let o = msa_in_sh("ulimit -v 4000000", &args);
+        expect_exit(&o, 2);
+        let err = stderr(&o);
+        let last = err.lines().last().unwrap();
+        assert!(
+            last.starts_with("error: case 1 rank 0 (2097152 queries, ")
+                && last.contains(" needs about ")
+                && last.contains(" of memory, over the limit of ")
+                && last.contains("of the ")
+                && last.ends_with("set another limit with --memory-limit or MSA_MEMORY_LIMIT"),
+            "{err}"
+        );
+    }
+    // The limit can be given; the real cases fit the default.
+    let o = msa(&["plan", "--memory-limit", "1M"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("over the limit of 1.0 MiB (given)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_msa"))
+        .args(["plan", "--case", "434"])
+        .env("MSA_MEMORY_LIMIT", "2M")
+        .output()
+        .unwrap();
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("over the limit of 2.0 MiB (given)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = msa(&["plan", "--memory-limit", "lots"]);
+    expect_exit(&o, 2);
+    assert_invalid_value(&o, "lots", "--memory-limit");
+}
+
+#[test]
+fn inputs_that_never_end_or_do_not_fit_are_refused_before_they_are_read() {
+    let out = tmp("zero-out.safetensors");
+    let args = |input: &'static str| {
+        vec![
+            "attention",
+            "--inputs",
+            input,
+            "--outputs",
+            s(&out),
+            "--backend",
+            "cpu",
+        ]
+    };
+    let o = msa_in_sh("ulimit -v 4000000", &args("/dev/zero"));
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "error: /dev/zero is a character device, not a regular file"
+    );
+    // A file of the size its header declares (a hole), over a given limit.
+    let big = tmp("big.safetensors");
+    let header = r#"{"q":{"dtype":"BF16","shape":[65536,64,128],"data_offsets":[0,1073741824]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    let len = bytes.len() as u64 + (1 << 30);
+    std::fs::write(&big, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let o = msa(&[
+        "attention",
+        "--inputs",
+        s(&big),
+        "--outputs",
+        s(&out),
+        "--backend",
+        "cpu",
+        "--memory-limit",
+        "1G",
+    ]);
+    let _ = std::fs::remove_file(&big);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "error: reading {} ({len} bytes) needs about 2.0 GiB of memory, over the limit of \
+             1.0 GiB (given); set another limit with --memory-limit or MSA_MEMORY_LIMIT",
+            big.display()
+        )
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn plan_bounds_the_sm_count() {
+    for sms in ["18446744073709551615", "1000000000000", "0", "65537"] {
+        let o = msa(&["plan", "--sms", sms]);
+        expect_exit(&o, 2);
+        assert_invalid_value(&o, sms, "--sms");
+    }
+    expect_exit(&msa(&["plan", "--sms", "65536"]), 0);
+}
+
+// ---- messages ----------------------------------------------------------------------------------
+
+#[test]
+fn a_wrong_total_is_named_before_the_query_limit() {
+    let mut tensors = inputs(26);
+    for t in tensors.iter_mut() {
+        if t.0 == "cu_seqlens_q" || t.0 == "cu_seqlens_k" {
+            t.3 = i32_bytes(&[0, 3, 1_000_000_000]);
+        }
+    }
+    let input = write_file("total-in.safetensors", &tensors);
+    let o = attention(&input, &tmp("total-out.safetensors"), false);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "error: inconsistent sizes: cu_seqlens_q[B] = 1000000000 but `q` has T = 8"
+    );
+}
+
+#[cfg(not(feature = "msa"))]
+#[test]
+fn info_says_the_cpu_backend_works_and_how_to_build_the_kernels() {
+    let o = msa(&["info"]);
+    expect_exit(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("backend cpu: available"), "{out}");
+    assert!(
+        out.contains("to build the CUDA kernels: `cargo xtask build-kernels`, then build or run with `--features msa`"),
+        "{out}"
+    );
+}
+
+// ---- bench: suites and JSON ---------------------------------------------------------------------
+
+#[test]
+fn bench_takes_a_suite_and_checks_its_json_path_before_the_gpu() {
+    let o = msa(&["bench", "--suite", "dev", "--case", "434"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o)
+            .contains("the argument '--suite <dev|FILE>' cannot be used with '--case <CASE>'"),
+        "{}",
+        stderr(&o)
+    );
+    let missing = tmp("no-suite.json");
+    let o = msa(&["bench", "--suite", s(&missing)]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).starts_with(&format!("error: cannot read {}: ", missing.display())),
+        "{}",
+        stderr(&o)
+    );
+    let json = tmp("bench-existing.jsonl");
+    std::fs::write(&json, b"earlier\n").unwrap();
+    let o = msa(&["bench", "--suite", "dev", "--json", s(&json)]);
+    expect_exit(&o, 2);
+    assert_eq!(
+        stderr(&o).trim_end(),
+        format!(
+            "error: {} already exists (overwrite it with force)",
+            json.display()
+        )
+    );
+    assert_eq!(std::fs::read(&json).unwrap(), b"earlier\n");
+    let suite = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/cases/dev_bench.json");
+    let o = msa(&["bench", "--suite", "dev", "--json", s(&suite), "--force"]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("dev_bench.json is the input file"),
+        "{}",
+        stderr(&o)
+    );
+    #[cfg(not(feature = "msa"))]
+    {
+        let o = msa(&["bench", "--suite", "dev", "--json", s(&json), "--force"]);
+        expect_exit(&o, 2);
+        assert!(
+            stderr(&o).contains("error: msa-rs was built without CUDA support"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}

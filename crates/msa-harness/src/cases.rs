@@ -3,12 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use msa_plan::topology::BLOCK_SIZE;
 use msa_workloads::{
-    case_seed, load_manifest, make_topk, CpConfig, Inputs, Pattern, RankCase, RealCase,
+    case_seed, load_manifest, make_topk, CpConfig, Inputs, Pattern, RankCase, RankSplit, RealCase,
 };
 
 use crate::error::{HarnessError, Result};
 use crate::io::CallInputs;
+use crate::memory::{CallShape, MemoryLimit};
 
 /// (manifest, case id, CP rank, pattern, seed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +37,8 @@ pub fn manifest(path: &Path) -> Result<Vec<RealCase>> {
     Ok(load_manifest(path)?)
 }
 
-/// The CP16 rank `rank` of case `case_id`.
-pub fn rank_case(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankCase> {
+/// Rank `rank` of case `case_id` under the CP16 split, its layout not yet built.
+fn rank_split(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankSplit> {
     let case = cases
         .iter()
         .find(|c| c.case_id == case_id)
@@ -51,7 +53,46 @@ pub fn rank_case(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankCa
             reason: format!("rank {rank} is out of range (CP size {})", cfg.cp_size),
         });
     }
-    Ok(case.rank_cases(&cfg)?.swap_remove(rank))
+    Ok(case.rank_split(&cfg, rank)?)
+}
+
+/// The CP16 rank `rank` of case `case_id` (only that rank is split out).
+pub fn rank_case(cases: &[RealCase], case_id: u64, rank: usize) -> Result<RankCase> {
+    Ok(rank_split(cases, case_id, rank)?.into_case()?)
+}
+
+/// What a command does with a case, for its memory estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// The host planner alone (`msa plan`).
+    Plan,
+    /// Inputs, every stage and the check (`msa run`, `msa bench`).
+    Run,
+}
+
+/// [`rank_case`], refused before its layout or inputs are built when [`Work`] on it would need
+/// more memory than `limit`.
+pub fn rank_case_within(
+    cases: &[RealCase],
+    case_id: u64,
+    rank: usize,
+    work: Work,
+    limit: &MemoryLimit,
+) -> Result<RankCase> {
+    let split = rank_split(cases, case_id, rank)?;
+    // The layout's padded workspace (`VarlenLayout::workspace_rows`).
+    let workspace_blocks = (split.total_k() + (split.batch() + 1) * BLOCK_SIZE - 1) / BLOCK_SIZE;
+    let shape = CallShape {
+        queries: split.total_q() as u64,
+        workspace_keys: (workspace_blocks * BLOCK_SIZE) as u64,
+        rows: split.total_rows() as u64,
+    };
+    let need = match work {
+        Work::Plan => shape.plan_bytes(),
+        Work::Run => shape.run_bytes(),
+    };
+    limit.check(need, || format!("case {case_id} rank {rank} ({shape})"))?;
+    Ok(split.into_case()?)
 }
 
 /// Inputs (seeded by `case_seed(case, rank, seed)`) and the pattern's selection of one rank.

@@ -1,7 +1,5 @@
 //! The harness's error: what a run, a check or a file can fail on, with the source kept.
 
-use std::path::PathBuf;
-
 use thiserror::Error;
 
 use crate::Stage;
@@ -28,16 +26,21 @@ pub enum HarnessError {
     #[error(transparent)]
     Workload(#[from] msa_workloads::WorkloadError),
 
+    /// A benchmark selection file that cannot be read or is not valid.
+    #[error(transparent)]
+    Suite(#[from] crate::bench::SuiteError),
+
     /// A case id or rank that the manifest or the CP split does not have.
     #[error("case {id}: {reason}")]
     Case { id: u64, reason: String },
 
-    #[error("cannot write {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// An output path that may not be written, or a write that failed.
+    #[error(transparent)]
+    Output(#[from] crate::output_path::OutputError),
+
+    /// Work refused before it starts: it would need more memory than the limit.
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
 
     /// A benchmarked stage whose inputs the call does not have.
     #[error("stage `{stage}` needs {tensors} in the inputs")]

@@ -6,10 +6,13 @@
 //! Tk (packed keys) and B (fragments) agreeing across tensors; errors name the tensor, the
 //! expected and the found value. Unknown tensor names are rejected so a misspelt optional tensor
 //! (say `dOut`) cannot silently drop a pass.
+//!
+//! A file is read only when it is a regular file whose size fits the memory limit; files are
+//! written whole or not at all, under the rules of [`crate::output_path`].
 
-use std::borrow::Cow;
 use std::fmt::Write as _;
-use std::fs::OpenOptions;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use half::bf16;
@@ -18,8 +21,12 @@ use msa_plan::topology::{
 };
 use msa_plan::{PlanError, VarlenLayout};
 use msa_workloads::Inputs;
-use safetensors::{Dtype, SafeTensors, View};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensors};
 use thiserror::Error;
+
+use crate::memory::{MemoryError, MemoryLimit};
+use crate::output_path::{self, OutputError};
 
 /// A rejected or unreadable tensor file.
 #[derive(Debug, Error)]
@@ -34,8 +41,17 @@ pub enum TensorFileError {
     #[error("{} is not a valid safetensors file: {reason}", path.display())]
     Format { path: PathBuf, reason: String },
 
-    #[error("{} already exists (overwrite it with force)", path.display())]
-    Exists { path: PathBuf },
+    /// A FIFO or a device (say `/dev/zero`) is never read: it may not end.
+    #[error("{} is {kind}, not a regular file", path.display())]
+    NotAFile { path: PathBuf, kind: &'static str },
+
+    /// Holding the file would pass the memory limit.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+
+    /// The path may not be written, or writing it failed.
+    #[error(transparent)]
+    Output(#[from] OutputError),
 
     #[error("tensor `{0}` is missing")]
     Missing(&'static str),
@@ -83,7 +99,21 @@ trait Element: Copy {
     const DTYPE: Dtype;
     fn from_le(bytes: &[u8]) -> Self;
     fn extend_le(self, out: &mut Vec<u8>);
+
+    /// `xs` little-endian, a bounded chunk at a time (no copy of the whole tensor).
+    fn write_le(xs: &[Self], w: &mut impl Write) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(WRITE_CHUNK * std::mem::size_of::<Self>());
+        for chunk in xs.chunks(WRITE_CHUNK) {
+            buf.clear();
+            chunk.iter().for_each(|x| x.extend_le(&mut buf));
+            w.write_all(&buf)?;
+        }
+        Ok(())
+    }
 }
+
+/// Elements encoded per write.
+const WRITE_CHUNK: usize = 1 << 16;
 
 impl Element for bf16 {
     const DTYPE: Dtype = Dtype::BF16;
@@ -435,17 +465,60 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| TensorFileError::Io {
+/// The whole file at `path`. Refused before reading: anything but a regular file (a FIFO or a
+/// device such as `/dev/zero` may never end), a header length that the file cannot hold, and a
+/// file that, held twice (the bytes, then the tensors decoded from them), would pass `limit`.
+fn read_bytes(path: &Path, limit: &MemoryLimit) -> Result<Vec<u8>> {
+    let io_err = |source| TensorFileError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let format_err = |reason: String| TensorFileError::Format {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // Checked on the path first: opening a FIFO would wait for a writer.
+    let meta = fs::metadata(path).map_err(io_err)?;
+    if !meta.is_file() {
+        return Err(TensorFileError::NotAFile {
+            path: path.to_path_buf(),
+            kind: output_path::kind(meta.file_type()),
+        });
+    }
+    let mut file = File::open(path).map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    let mut head = [0u8; 8];
+    file.read_exact(&mut head).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => format_err(format!(
+            "{len} bytes, shorter than the 8-byte header length"
+        )),
+        _ => io_err(e),
+    })?;
+    let header = u64::from_le_bytes(head);
+    if header > len - 8 {
+        return Err(format_err(format!(
+            "its header length {header} exceeds the {len}-byte file"
+        )));
+    }
+    limit.check(len.saturating_mul(2), || {
+        format!("reading {} ({len} bytes)", path.display())
+    })?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    bytes.extend_from_slice(&head);
+    // Bounded by the size just checked, should the file grow meanwhile.
+    file.take(len - 8).read_to_end(&mut bytes).map_err(io_err)?;
+    Ok(bytes)
 }
 
-/// Read and check an inputs file.
+/// Read and check an inputs file, within the host's memory limit ([`MemoryLimit::host`]).
 pub fn read_inputs(path: impl AsRef<Path>) -> Result<CallInputs> {
+    read_inputs_within(path, &MemoryLimit::host())
+}
+
+/// Read and check an inputs file, refused when holding it would pass `limit`.
+pub fn read_inputs_within(path: impl AsRef<Path>, limit: &MemoryLimit) -> Result<CallInputs> {
     let path = path.as_ref();
-    let bytes = read_bytes(path)?;
+    let bytes = read_bytes(path, limit)?;
     let mut r = Reader::new(path, &bytes, "an input", &INPUTS)?;
     let q = r.required(&Q)?;
     let k = r.required(&K)?;
@@ -471,19 +544,19 @@ pub fn read_inputs(path: impl AsRef<Path>) -> Result<CallInputs> {
             })
         }
     };
-    let layout = VarlenLayout::new(&cu_q, &cu_k, fragment_indices.as_deref())?;
-    for (spec, sym, total) in [
-        (&CU_Q, Sym::T, layout.total_q()),
-        (&CU_K, Sym::Tk, layout.total_k()),
-    ] {
+    // Before the layout's own rules: a total that disagrees with the tensors is the plainer
+    // message (and the layout's size limits would speak of a length no tensor has).
+    for (spec, cu, sym) in [(&CU_Q, &cu_q, Sym::T), (&CU_K, &cu_k, Sym::Tk)] {
         let (n, by) = r.sizes.get(sym).expect("q and k bind T and Tk");
-        if n != total {
+        let total = *cu.last().expect("a [B+1] shape has an entry");
+        if i64::from(total) != n as i64 {
             return Err(TensorFileError::Inconsistent(format!(
                 "{}[B] = {total} but `{by}` has {sym:?} = {n}",
                 spec.name
             )));
         }
     }
+    let layout = VarlenLayout::new(&cu_q, &cu_k, fragment_indices.as_deref())?;
     Ok(CallInputs {
         layout,
         q,
@@ -495,10 +568,15 @@ pub fn read_inputs(path: impl AsRef<Path>) -> Result<CallInputs> {
     })
 }
 
-/// Read and check an outputs file (every tensor optional).
+/// Read and check an outputs file (every tensor optional), within the host's memory limit.
 pub fn read_outputs(path: impl AsRef<Path>) -> Result<Outputs> {
+    read_outputs_within(path, &MemoryLimit::host())
+}
+
+/// Read and check an outputs file, refused when holding it would pass `limit`.
+pub fn read_outputs_within(path: impl AsRef<Path>, limit: &MemoryLimit) -> Result<Outputs> {
     let path = path.as_ref();
-    let bytes = read_bytes(path)?;
+    let bytes = read_bytes(path, limit)?;
     let mut r = Reader::new(path, &bytes, "an output", &OUTPUTS)?;
     Ok(Outputs {
         out: r.optional(&OUT)?,
@@ -513,63 +591,60 @@ pub fn read_outputs(path: impl AsRef<Path>) -> Result<Outputs> {
     })
 }
 
-/// A tensor to write, encoded little-endian only when the writer asks for its bytes.
+/// A tensor to write, encoded little-endian as it is written.
 enum Data<'a> {
     Bf16(&'a [bf16]),
     I32(&'a [i32]),
     F32(&'a [f32]),
 }
 
-struct Entry<'a> {
-    data: Data<'a>,
-    shape: Vec<usize>,
-}
+impl Data<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Data::Bf16(x) => x.len(),
+            Data::I32(x) => x.len(),
+            Data::F32(x) => x.len(),
+        }
+    }
 
-fn encode<E: Element>(xs: &[E]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(std::mem::size_of_val(xs));
-    xs.iter().for_each(|x| x.extend_le(&mut out));
-    out
-}
-
-impl View for &Entry<'_> {
     fn dtype(&self) -> Dtype {
-        match self.data {
+        match self {
             Data::Bf16(_) => Dtype::BF16,
             Data::I32(_) => Dtype::I32,
             Data::F32(_) => Dtype::F32,
         }
     }
-    fn shape(&self) -> &[usize] {
-        &self.shape
+
+    fn write_le(&self, w: &mut impl Write) -> io::Result<()> {
+        match self {
+            Data::Bf16(x) => Element::write_le(x, w),
+            Data::I32(x) => Element::write_le(x, w),
+            Data::F32(x) => Element::write_le(x, w),
+        }
     }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Owned(match self.data {
-            Data::Bf16(x) => encode(x),
-            Data::I32(x) => encode(x),
-            Data::F32(x) => encode(x),
-        })
-    }
-    fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype().bitsize() / 8
-    }
+}
+
+struct Entry<'a> {
+    name: &'static str,
+    data: Data<'a>,
+    shape: Vec<usize>,
 }
 
 /// Collects the tensors of a file, resolving and checking every shape.
 #[derive(Default)]
 struct Writer<'a> {
     sizes: Sizes,
-    entries: Vec<(&'static str, Entry<'a>)>,
+    entries: Vec<Entry<'a>>,
 }
 
 impl<'a> Writer<'a> {
     fn add(&mut self, spec: &Spec, data: Data<'a>) -> Result<()> {
-        let len = match data {
-            Data::Bf16(x) => x.len(),
-            Data::I32(x) => x.len(),
-            Data::F32(x) => x.len(),
-        };
-        let shape = self.sizes.shape_of_len(spec, len)?;
-        self.entries.push((spec.name, Entry { data, shape }));
+        let shape = self.sizes.shape_of_len(spec, data.len())?;
+        self.entries.push(Entry {
+            name: spec.name,
+            data,
+            shape,
+        });
         Ok(())
     }
 
@@ -577,39 +652,42 @@ impl<'a> Writer<'a> {
         x.map_or(Ok(()), |x| self.add(spec, Data::Bf16(x)))
     }
 
-    /// Write the file; without `force` an existing file is an error and is left untouched.
-    fn save(self, path: &Path, force: bool) -> Result<()> {
-        let io_err = |source| TensorFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        if !force {
-            // Claim the name atomically; the serializer then replaces this empty file.
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::AlreadyExists {
-                        TensorFileError::Exists {
-                            path: path.to_path_buf(),
-                        }
-                    } else {
-                        io_err(e)
-                    }
-                })?;
-        }
-        let tensors = self.entries.iter().map(|(name, e)| (*name, e));
-        safetensors::serialize_to_file(tensors, None, path).map_err(|e| {
-            if !force {
-                // Best effort: the claim is ours and holds no data.
-                let _ = std::fs::remove_file(path);
-            }
-            TensorFileError::Format {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            }
-        })
+    /// The 8-byte header length and the JSON header (padded to 8 bytes), in the order of the
+    /// safetensors crate (by dtype alignment, then name), so the file is the one it would write.
+    fn header(&mut self) -> Vec<u8> {
+        self.entries
+            .sort_by(|a, b| (b.data.dtype().cmp(&a.data.dtype())).then(a.name.cmp(b.name)));
+        let mut offset = 0;
+        let infos = self
+            .entries
+            .iter()
+            .map(|e| {
+                let end = offset + e.data.len() * e.data.dtype().bitsize() / 8;
+                let info = TensorInfo {
+                    dtype: e.data.dtype(),
+                    shape: e.shape.clone(),
+                    data_offsets: (offset, end),
+                };
+                offset = end;
+                (e.name.to_string(), info)
+            })
+            .collect();
+        let metadata = Metadata::new(None, infos).expect("offsets are contiguous");
+        let mut json = serde_json::to_vec(&metadata).expect("a metadata map serializes");
+        json.resize(json.len().next_multiple_of(8), b' ');
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend(json);
+        out
+    }
+
+    /// Write the file, streamed: the tensors are encoded as they are written.
+    fn save(mut self, path: &Path, force: bool) -> Result<()> {
+        let header = self.header();
+        output_path::write_atomic(path, force, |w| {
+            w.write_all(&header)?;
+            self.entries.iter().try_for_each(|e| e.data.write_le(w))
+        })?;
+        Ok(())
     }
 }
 
@@ -657,4 +735,65 @@ pub fn write_outputs(path: impl AsRef<Path>, outputs: &Outputs, force: bool) -> 
     w.bf16(&DQI, outputs.dqi.as_deref())?;
     w.bf16(&DKI, outputs.dki.as_deref())?;
     w.save(path.as_ref(), force)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The streamed writer makes the file the safetensors crate would make, byte for byte.
+    #[test]
+    fn streamed_files_are_what_safetensors_writes() {
+        struct Raw(Dtype, Vec<usize>, Vec<u8>);
+        impl safetensors::View for &Raw {
+            fn dtype(&self) -> Dtype {
+                self.0
+            }
+            fn shape(&self) -> &[usize] {
+                &self.1
+            }
+            fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+                (&self.2[..]).into()
+            }
+            fn data_len(&self) -> usize {
+                self.2.len()
+            }
+        }
+        let (t, tk) = (3, 130);
+        let out: Vec<bf16> = (0..t * 8192).map(|i| bf16::from_f32(i as f32)).collect();
+        let lse: Vec<f32> = (0..t * 64).map(|i| -(i as f32)).collect();
+        let dk: Vec<bf16> = (0..tk * 512)
+            .map(|i| bf16::from_f32(0.5 * i as f32))
+            .collect();
+        let topk: Vec<i32> = (0..4 * t * 16).map(|i| i as i32 % 3 - 1).collect();
+        let outputs = Outputs {
+            out: Some(out.clone()),
+            lse: Some(lse.clone()),
+            dk: Some(dk.clone()),
+            indexer_topk: Some(topk.clone()),
+            ..Outputs::default()
+        };
+        let path = std::env::temp_dir().join(format!("msa-io-stream-{}", std::process::id()));
+        write_outputs(&path, &outputs, true).unwrap();
+        let ours = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+
+        let raws = [
+            ("out", Raw(Dtype::BF16, vec![t, 64, 128], encode(&out))),
+            ("lse", Raw(Dtype::F32, vec![t, 64], encode(&lse))),
+            ("dk", Raw(Dtype::BF16, vec![tk, 4, 128], encode(&dk))),
+            (
+                "indexer_topk",
+                Raw(Dtype::I32, vec![4, t, 16], encode(&topk)),
+            ),
+        ];
+        let theirs = safetensors::serialize(raws.iter().map(|(n, r)| (*n, r)), None).unwrap();
+        assert_eq!(ours, theirs);
+    }
+
+    fn encode<E: Element>(xs: &[E]) -> Vec<u8> {
+        let mut out = Vec::new();
+        E::write_le(xs, &mut out).unwrap();
+        out
+    }
 }

@@ -9,6 +9,8 @@
 //! - [`check`]: MSA's tolerances, reference comparisons, an independent f64 oracle, and which of
 //!   them a run gets.
 //! - [`bench`]: device-timed repeats of each GPU [`Stage`] (medians, useful TFLOP/s).
+//! - [`output_path`]: files are written whole, over nothing but a regular file or a new path.
+//! - [`memory`]: the memory limit, what a call needs, and the refusal before any allocation.
 //!
 //! [`CallInputs`]: io::CallInputs
 
@@ -18,6 +20,8 @@ pub mod cases;
 pub mod check;
 pub mod error;
 pub mod io;
+pub mod memory;
+pub mod output_path;
 mod stage;
 
 pub use error::{HarnessError, Result};

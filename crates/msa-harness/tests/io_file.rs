@@ -4,12 +4,13 @@
 mod fixture;
 
 use fixture::{encode, i32_bytes};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use half::bf16;
 use msa_harness::io::{
     read_inputs, read_outputs, write_inputs, write_outputs, CallInputs, Outputs, TensorFileError,
 };
+use msa_harness::output_path::{self, OutputError};
 use msa_plan::VarlenLayout;
 use msa_workloads::{make_topk, Inputs, Pattern};
 
@@ -224,7 +225,10 @@ fn existing_files_are_overwritten_only_with_force() {
     };
     write_outputs(&path, &first, false).unwrap();
     let e = write_outputs(&path, &second, false).unwrap_err();
-    assert!(matches!(e, TensorFileError::Exists { .. }), "{e}");
+    assert!(
+        matches!(e, TensorFileError::Output(OutputError::Exists { .. })),
+        "{e}"
+    );
     assert!(
         e.to_string()
             .ends_with("io_file-exists.safetensors already exists (overwrite it with force)"),
@@ -367,7 +371,7 @@ fn sizes_must_agree_between_tensors() {
         "inconsistent sizes: cu_seqlens_q[B] = 4 but `q` has T = 5"
     );
     let e = read_err(
-        "layout",
+        "cu-layout",
         &with(
             "cu_seqlens_q",
             Some(("I32", vec![3], i32_bytes(&[1, 2, 5]))),
@@ -435,4 +439,194 @@ fn writes_check_lengths_and_sizes() {
         e,
         "tensor `dv` must have shape [7, 4, 128], got 4096 elements"
     );
+}
+
+// ---- files that must not be read whole, or written over -----------------------------------
+
+#[test]
+fn totals_that_disagree_with_the_tensors_are_named_before_the_layout_limits() {
+    // cu_seqlens ending at 10^9 with 5 queries: the plain message is the disagreement, not the
+    // 2^24 per-fragment query limit the layout would hit first.
+    let cu = [0, 2, 1_000_000_000];
+    let mut tensors = with("cu_seqlens_q", Some(("I32", vec![3], i32_bytes(&cu))));
+    tensors.retain(|t| t.0 != "cu_seqlens_k");
+    tensors.push(("cu_seqlens_k".into(), "I32", vec![3], i32_bytes(&cu)));
+    assert_eq!(
+        read_err("total-1e9", &tensors),
+        "inconsistent sizes: cu_seqlens_q[B] = 1000000000 but `q` has T = 5"
+    );
+}
+
+#[test]
+fn a_device_is_refused_before_anything_is_read() {
+    // /dev/zero never ends: read whole, it ends in "out of memory".
+    let e = read_inputs("/dev/zero").unwrap_err();
+    assert!(matches!(e, TensorFileError::NotAFile { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "/dev/zero is a character device, not a regular file"
+    );
+}
+
+#[test]
+fn a_header_length_beyond_the_file_is_named() {
+    let path = tmp("long-header");
+    let mut bytes = 1000u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(b"{}      ");
+    std::fs::write(&path, bytes).unwrap();
+    let e = read_inputs(&path).unwrap_err().to_string();
+    assert!(
+        e.ends_with(
+            "io_file-long-header.safetensors is not a valid safetensors file: its header \
+             length 1000 exceeds the 16-byte file"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_file_that_declares_huge_tensors_is_refused_before_it_is_read() {
+    // A valid header for a 1 TiB `q`, with the data as a hole: the file is as large as the
+    // header says, so only the memory limit stands between it and the allocator.
+    let path = tmp("huge");
+    let rows = (1usize << 40) / (64 * 128 * 2);
+    let header = format!(
+        r#"{{"q":{{"dtype":"BF16","shape":[{rows},64,128],"data_offsets":[0,{}]}}}}"#,
+        1u64 << 40
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    let len = bytes.len() as u64 + (1 << 40);
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    let e = read_inputs(&path).unwrap_err();
+    let _ = std::fs::remove_file(&path);
+    assert!(matches!(e, TensorFileError::Memory(_)), "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains(&format!("io_file-huge.safetensors ({len} bytes) needs about 2048.0 GiB of memory, over the limit of")),
+        "{e}"
+    );
+}
+
+/// The mode a new file gets here (0666 less the umask), read off a file std creates.
+fn usual_mode(dir: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    let probe = dir.join("io_file-mode-probe");
+    let _ = std::fs::remove_file(&probe);
+    std::fs::File::create(&probe).unwrap();
+    let mode = std::fs::metadata(&probe).unwrap().permissions().mode() & 0o777;
+    std::fs::remove_file(&probe).unwrap();
+    mode
+}
+
+#[test]
+fn written_files_get_the_usual_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = tmp("mode");
+    let out = Outputs {
+        lse: Some(vec![0.0; 64]),
+        ..Outputs::default()
+    };
+    write_outputs(&path, &out, false).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, usual_mode(path.parent().unwrap()), "{mode:o}");
+}
+
+#[test]
+fn links_and_directories_are_never_written_over() {
+    let out = Outputs {
+        lse: Some(vec![0.0; 64]),
+        ..Outputs::default()
+    };
+    let target = tmp("link-target");
+    std::fs::write(&target, b"keep").unwrap();
+    let link = tmp("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for force in [false, true] {
+        let e = write_outputs(&link, &out, force).unwrap_err().to_string();
+        assert!(
+            e.ends_with(
+                "io_file-link.safetensors is a symbolic link, not a regular file; refusing to \
+                 write over it"
+            ),
+            "{e}"
+        );
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    }
+    let dir = tmp("dir");
+    let _ = std::fs::remove_dir(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let e = write_outputs(&dir, &out, true).unwrap_err().to_string();
+    assert!(
+        e.ends_with("is a directory, not a regular file; refusing to write over it"),
+        "{e}"
+    );
+    assert!(dir.is_dir());
+}
+
+/// Files of `dir` whose name contains `part`.
+fn files_with(dir: &Path, part: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(part))
+        .collect()
+}
+
+#[test]
+fn a_failed_write_names_the_file_and_leaves_no_temporary_behind() {
+    let path = tmp("full");
+    let dir = path.parent().unwrap();
+    std::fs::write(&path, b"before").unwrap();
+    let e = output_path::write_atomic(&path, true, |w| {
+        use std::io::Write;
+        w.write_all(b"partial")?;
+        Err(std::io::Error::from_raw_os_error(28))
+    })
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "cannot write {}: No space left on device (os error 28)",
+            path.display()
+        )
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        b"before",
+        "the file is untouched"
+    );
+    assert_eq!(
+        files_with(dir, "io_file-full.safetensors."),
+        Vec::<String>::new()
+    );
+
+    // A missing directory and a write-protected one are named before any data is made.
+    let missing = dir.join("io_file-no-such-dir").join("out.safetensors");
+    let e = output_path::check(&missing, false).unwrap_err().to_string();
+    assert!(e.ends_with("io_file-no-such-dir does not exist"), "{e}");
+    assert!(
+        e.starts_with(&format!("cannot write {}: directory ", missing.display())),
+        "{e}"
+    );
+    let locked = dir.join("io_file-locked");
+    let _ = std::fs::create_dir(&locked);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let e = output_path::check(&locked.join("out.safetensors"), false)
+        .unwrap_err()
+        .to_string();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(e.ends_with("io_file-locked is write-protected"), "{e}");
 }

@@ -24,6 +24,14 @@ pub enum PlanError {
         got: i64,
     },
 
+    /// A size over a limit of the format other than int32 (a bit field).
+    #[error("{what} must be at most {limit}, got {got}")]
+    TooLarge {
+        what: &'static str,
+        limit: u64,
+        got: u64,
+    },
+
     #[error("{name} must have shape {expected}, got {got}")]
     Shape {
         name: &'static str,

@@ -182,10 +182,10 @@ impl VarlenLayout {
                 ));
             }
             if q_len > MAX_QUERY_INDEX + 1 {
-                return Err(PlanError::Overflow {
-                    what: "queries per fragment (24-bit qsplit field)",
-                    limit: MAX_QUERY_INDEX as i64 + 1,
-                    got: q_len as i64,
+                return Err(PlanError::TooLarge {
+                    what: "queries per fragment (the 24-bit qsplit field)",
+                    limit: MAX_QUERY_INDEX as u64 + 1,
+                    got: q_len as u64,
                 });
             }
             let num_blocks = k_len.div_ceil(BLOCK_SIZE);
@@ -465,5 +465,14 @@ mod tests {
         .contains("after an interruption"));
         assert!(e(VarlenLayout::new(&[0, 5, 9], &[0, 5, 9], Some(&[1, 1])))
             .contains("must lie in [0, 0]"));
+    }
+
+    #[test]
+    fn the_query_limit_is_worded_as_the_bit_field_it_is() {
+        let n = (MAX_QUERY_INDEX + 2) as i32;
+        assert_eq!(
+            VarlenLayout::documents(&[0, n]).unwrap_err().to_string(),
+            "queries per fragment (the 24-bit qsplit field) must be at most 16777216, got 16777217"
+        );
     }
 }

@@ -38,7 +38,7 @@ pub const WORK_KBLOCK: usize = 5;
 pub fn balanced_target_q_per_cta(total_q: usize, num_sms: usize) -> usize {
     let g = Q_TOKENS_PER_GROUP;
     let total_refs_upper = total_q * TOPK_BLOCKS * NUM_KV_HEADS;
-    let desired_work_items = (num_sms * 2).max(1);
+    let desired_work_items = num_sms.saturating_mul(2).max(1);
     let total_groups_upper = total_refs_upper.max(1).div_ceil(g);
     let occupancy_target =
         MAX_GROUPS_PER_CTA.min(total_groups_upper.div_ceil(desired_work_items).max(1)) * g;
@@ -169,6 +169,8 @@ mod tests {
         // Tiny inputs still get one tile; zero SMs count as one.
         assert_eq!(balanced_target_q_per_cta(0, 132), 8);
         assert_eq!(balanced_target_q_per_cta(1, 0), 64);
+        // An absurd SM count does not wrap: the smallest chunk.
+        assert_eq!(balanced_target_q_per_cta(12_288, usize::MAX), 8);
         for t in [1, 7, 100, 5000, 77_777] {
             for sms in [1, 78, 132, 148] {
                 let target = balanced_target_q_per_cta(t, sms);

@@ -99,6 +99,17 @@ pub(crate) fn device_name(ordinal: usize) -> Result<String> {
     result::device::get_name(dev).map_err(|e| driver_error("cuDeviceGetName", e))
 }
 
+pub(crate) fn driver_version() -> Result<(u32, u32)> {
+    init()?;
+    let mut version = 0;
+    // SAFETY: writes one int; the driver is loaded and initialized.
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| driver_error("cuDriverGetVersion", e))?;
+    let version = version.max(0) as u32;
+    Ok((version / 1000, version % 1000 / 10))
+}
+
 pub(crate) fn max_shared_memory_per_block_optin(ordinal: usize) -> Result<u32> {
     attribute(
         ordinal,
@@ -122,6 +133,7 @@ mod tests {
             assert_eq!(sm_capability(0), Err(ProbeError::DriverNotFound));
             assert_eq!(sm_count(0), Err(ProbeError::DriverNotFound));
             assert_eq!(device_name(0), Err(ProbeError::DriverNotFound));
+            assert_eq!(driver_version(), Err(ProbeError::DriverNotFound));
             assert_eq!(
                 max_shared_memory_per_block_optin(0),
                 Err(ProbeError::DriverNotFound)

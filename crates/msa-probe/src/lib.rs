@@ -228,6 +228,18 @@ pub fn device_name(ordinal: usize) -> Result<String> {
     }
 }
 
+/// The CUDA version the driver supports, `(major, minor)` (e.g. `(13, 0)`).
+pub fn driver_version() -> Result<(u32, u32)> {
+    #[cfg(feature = "cuda")]
+    {
+        driver::driver_version()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(ProbeError::NotBuilt)
+    }
+}
+
 /// Largest dynamic shared memory a block may opt into on device `ordinal`, in bytes.
 pub fn max_shared_memory_per_block_optin(ordinal: usize) -> Result<u32> {
     #[cfg(feature = "cuda")]

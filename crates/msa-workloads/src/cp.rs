@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ops::Range;
 
+use msa_plan::topology::BLOCK_SIZE;
 use msa_plan::VarlenLayout;
 
 use crate::error::{Result, WorkloadError};
@@ -80,6 +81,93 @@ impl RealCase {
     pub fn rank_cases(&self, cfg: &CpConfig) -> Result<Vec<RankCase>> {
         split_pack(self.case_id, &self.cu_seqlens, cfg)
     }
+
+    /// Rank `rank` of this pack under `cfg`, its layout not yet built.
+    pub fn rank_split(&self, cfg: &CpConfig, rank: usize) -> Result<RankSplit> {
+        split_rank(self.case_id, &self.cu_seqlens, cfg, rank)
+    }
+}
+
+/// One rank of a split before its layout is built: the sizes that a caller checks against a
+/// memory budget are known here at the cost of the fragment list alone (a layout holds a word per
+/// CSR row, and a single long document makes hundreds of millions of them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankSplit {
+    case_id: u64,
+    rank: usize,
+    chunks: Vec<usize>,
+    fragments: Vec<RankFragment>,
+}
+
+impl RankSplit {
+    /// Packed queries T.
+    pub fn total_q(&self) -> usize {
+        self.fragments
+            .iter()
+            .map(|f| f.local_end - f.local_begin)
+            .sum()
+    }
+
+    /// Packed keys Tk: each document from its start to its last fragment's end.
+    pub fn total_k(&self) -> usize {
+        self.fragments
+            .chunk_by(|a, b| a.doc == b.doc)
+            .map(|d| d.last().unwrap().local_end)
+            .sum()
+    }
+
+    /// Batch entries B.
+    pub fn batch(&self) -> usize {
+        self.fragments.len()
+    }
+
+    /// CSR rows per head, Σ ceil(klen / 128); a fragment's K range ends where its queries do.
+    pub fn total_rows(&self) -> usize {
+        self.fragments
+            .iter()
+            .map(|f| f.local_end.div_ceil(BLOCK_SIZE))
+            .sum()
+    }
+
+    /// Build and validate the layout.
+    pub fn into_case(self) -> Result<RankCase> {
+        let RankSplit {
+            case_id,
+            rank,
+            chunks,
+            fragments,
+        } = self;
+        let mut cu_q = vec![0i32];
+        for f in &fragments {
+            cu_q.push(cu_q.last().unwrap() + (f.local_end - f.local_begin) as i32);
+        }
+        // A document's fragments are consecutive (ascending chunks), so packing documents in
+        // order of first appearance keeps the fragment order; the last fragment has the largest
+        // end.
+        let mut cu_k = vec![0i32];
+        let mut fragment_indices = Vec::with_capacity(fragments.len());
+        let mut kv_source_ranges = Vec::new();
+        let mut first = 0;
+        for doc_frags in fragments.chunk_by(|a, b| a.doc == b.doc) {
+            let base = *cu_k.last().unwrap();
+            for f in doc_frags {
+                cu_k.push(base + f.local_end as i32);
+                fragment_indices.push(first as i32);
+            }
+            let doc_begin = doc_frags[0].global_begin - doc_frags[0].local_begin;
+            kv_source_ranges.push(doc_begin..doc_begin + doc_frags.last().unwrap().local_end);
+            first += doc_frags.len();
+        }
+        let layout = VarlenLayout::new(&cu_q, &cu_k, Some(&fragment_indices))?;
+        Ok(RankCase {
+            case_id,
+            rank,
+            chunks,
+            fragments,
+            kv_source_ranges,
+            layout,
+        })
+    }
 }
 
 /// The overlaps `(doc, local_begin, local_end)` of global tokens `[begin, end)`, in order.
@@ -144,9 +232,9 @@ pub fn magi_dispatch(workloads: &[u64], cp_size: usize) -> Vec<Vec<usize>> {
     chunks
 }
 
-/// Split a global pack into the inputs of every rank. The pack must be a whole number of
-/// chunks and the chunks a whole number per rank, as in all of MSA's scenarios.
-pub fn split_pack(case_id: u64, cu_seqlens: &[i32], cfg: &CpConfig) -> Result<Vec<RankCase>> {
+/// Each rank's chunks; the pack must be a whole number of chunks and the chunks a whole number
+/// per rank, as in all of MSA's scenarios.
+fn dispatch(cu_seqlens: &[i32], cfg: &CpConfig) -> Result<Vec<Vec<usize>>> {
     check_cu_seqlens(cu_seqlens).map_err(|r| WorkloadError::Pack(format!("cu_seqlens {r}")))?;
     let total = *cu_seqlens.last().unwrap() as usize;
     let CpConfig {
@@ -162,21 +250,53 @@ pub fn split_pack(case_id: u64, cu_seqlens: &[i32], cfg: &CpConfig) -> Result<Ve
             "{total} tokens do not split into chunks of {chunk_size} dealt evenly over {cp_size} ranks"
         )));
     }
-    let per_rank = magi_dispatch(&chunk_workloads(cu_seqlens, chunk_size), cp_size);
-    per_rank
+    Ok(magi_dispatch(
+        &chunk_workloads(cu_seqlens, chunk_size),
+        cp_size,
+    ))
+}
+
+/// Split a global pack into the inputs of every rank.
+pub fn split_pack(case_id: u64, cu_seqlens: &[i32], cfg: &CpConfig) -> Result<Vec<RankCase>> {
+    dispatch(cu_seqlens, cfg)?
         .into_iter()
         .enumerate()
-        .map(|(rank, chunks)| rank_case(case_id, rank, chunks, cu_seqlens, chunk_size))
+        .map(|(rank, chunks)| {
+            rank_split(case_id, rank, chunks, cu_seqlens, cfg.chunk_size).into_case()
+        })
         .collect()
 }
 
-fn rank_case(
+/// Split a global pack and keep rank `rank` alone, its layout not yet built.
+pub fn split_rank(
+    case_id: u64,
+    cu_seqlens: &[i32],
+    cfg: &CpConfig,
+    rank: usize,
+) -> Result<RankSplit> {
+    if rank >= cfg.cp_size {
+        return Err(WorkloadError::Pack(format!(
+            "rank {rank} is out of range (CP size {})",
+            cfg.cp_size
+        )));
+    }
+    let chunks = dispatch(cu_seqlens, cfg)?.swap_remove(rank);
+    Ok(rank_split(
+        case_id,
+        rank,
+        chunks,
+        cu_seqlens,
+        cfg.chunk_size,
+    ))
+}
+
+fn rank_split(
     case_id: u64,
     rank: usize,
     chunks: Vec<usize>,
     cu: &[i32],
     chunk_size: usize,
-) -> Result<RankCase> {
+) -> RankSplit {
     let mut fragments: Vec<RankFragment> = Vec::new();
     for &c in &chunks {
         for (doc, lb, le) in overlaps(cu, c * chunk_size, (c + 1) * chunk_size) {
@@ -191,35 +311,12 @@ fn rank_case(
             }
         }
     }
-    let mut cu_q = vec![0i32];
-    for f in &fragments {
-        cu_q.push(cu_q.last().unwrap() + (f.local_end - f.local_begin) as i32);
-    }
-    // A document's fragments are consecutive (ascending chunks), so packing documents in order
-    // of first appearance keeps the fragment order; the last fragment has the largest end.
-    let mut cu_k = vec![0i32];
-    let mut fragment_indices = Vec::with_capacity(fragments.len());
-    let mut kv_source_ranges = Vec::new();
-    let mut first = 0;
-    for doc_frags in fragments.chunk_by(|a, b| a.doc == b.doc) {
-        let base = *cu_k.last().unwrap();
-        for f in doc_frags {
-            cu_k.push(base + f.local_end as i32);
-            fragment_indices.push(first as i32);
-        }
-        let doc_begin = cu[doc_frags[0].doc] as usize;
-        kv_source_ranges.push(doc_begin..doc_begin + doc_frags.last().unwrap().local_end);
-        first += doc_frags.len();
-    }
-    let layout = VarlenLayout::new(&cu_q, &cu_k, Some(&fragment_indices))?;
-    Ok(RankCase {
+    RankSplit {
         case_id,
         rank,
         chunks,
         fragments,
-        kv_source_ranges,
-        layout,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +395,45 @@ mod tests {
         assert_eq!(r1.layout().cu_seqlens_k(), [0, 2048, 3144]);
         assert_eq!(r1.layout().fragment_indices().unwrap(), [0, 1]);
         assert_eq!(r1.kv_source_ranges(), [0..2048, 3000..4096]);
+    }
+
+    #[test]
+    fn one_rank_alone_is_that_rank_of_the_whole_split_with_its_sizes_known_first() {
+        let cu = [0, 3000, 4096, 9000, 16 * 1024];
+        let cfg = CpConfig {
+            cp_size: 4,
+            chunk_size: 1024,
+        };
+        let all = split_pack(5, &cu, &cfg).unwrap();
+        for (rank, whole) in all.into_iter().enumerate() {
+            let split = split_rank(5, &cu, &cfg, rank).unwrap();
+            let l = whole.layout();
+            assert_eq!(
+                (
+                    split.total_q(),
+                    split.total_k(),
+                    split.batch(),
+                    split.total_rows()
+                ),
+                (l.total_q(), l.total_k(), l.batch(), l.total_rows())
+            );
+            assert_eq!(split.into_case().unwrap(), whole);
+        }
+        let e = split_rank(5, &cu, &cfg, 4).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "cannot split the pack: rank 4 is out of range (CP size 4)"
+        );
+    }
+
+    #[test]
+    fn a_huge_document_is_sized_without_building_its_layout() {
+        // 2^25 tokens in one document: 2,048 fragments of 1,024 queries per rank, whose K ranges
+        // add up to about 2^28 CSR rows. Only the fragment list exists here.
+        let split = split_rank(1, &[0, 1 << 25], &CpConfig::default(), 0).unwrap();
+        assert_eq!(split.total_q(), 1 << 21);
+        assert_eq!(split.total_k(), split.fragments.last().unwrap().local_end);
+        assert!(split.total_rows() > 1 << 27, "{}", split.total_rows());
     }
 
     #[test]

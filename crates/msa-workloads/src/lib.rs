@@ -7,7 +7,10 @@ pub mod inputs;
 pub mod manifest;
 pub mod patterns;
 
-pub use cp::{chunk_workloads, magi_dispatch, split_pack, CpConfig, RankCase, RankFragment};
+pub use cp::{
+    chunk_workloads, magi_dispatch, split_pack, split_rank, CpConfig, RankCase, RankFragment,
+    RankSplit,
+};
 pub use error::{Result, WorkloadError};
 pub use inputs::{case_seed, Inputs, Rng, Tensor};
 pub use manifest::{load_manifest, parse_manifest, Metrics, RealCase, DEV_MANIFEST};

@@ -1,6 +1,10 @@
 //! Benchmarks of the GPU stages (what `msa bench` reports): device-timed repeats after warm-up,
 //! summarized by median, minimum and 90th percentile, with useful TFLOP/s under the MSA FLOP
 //! model. The CPU reference is a correctness tool and is not benchmarked.
+//!
+//! The JSON output (`msa bench --json`) uses MSA's field names: [`record`] (one line per timed
+//! case), [`summary`] (per pattern and stage over a suite), [`environment`] (what ran and was
+//! built); [`suite`] reads benchmark selection files.
 
 use msa_plan::flops::FlopModel;
 
@@ -11,6 +15,15 @@ use crate::Stage;
 
 #[cfg(feature = "msa")]
 mod cuda;
+pub mod environment;
+pub mod record;
+pub mod suite;
+pub mod summary;
+
+pub use environment::Environment;
+pub use record::{TimedCase, Weighting};
+pub use suite::{Suite, SuiteError, SuiteRow, DEV_SUITE};
+pub use summary::{summarize, Summary};
 
 /// How many calls to make of each stage.
 #[derive(Debug, Clone)]
@@ -41,13 +54,19 @@ pub struct StageTimes {
     pub ms: Vec<f64>,
 }
 
+/// The `q`-quantile of non-empty `values` by nearest rank (`q` = 0.5: the median; the lower
+/// one of an even count).
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
 impl StageTimes {
-    /// The `q`-quantile by nearest rank (`q` = 0.5: the median; the upper one of an even count).
+    /// [`quantile`] of the calls' times.
     pub fn quantile(&self, q: f64) -> f64 {
-        let mut v = self.ms.clone();
-        v.sort_by(f64::total_cmp);
-        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-        v[rank - 1]
+        quantile(&self.ms, q)
     }
 
     pub fn median(&self) -> f64 {

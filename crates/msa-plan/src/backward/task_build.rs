@@ -48,7 +48,7 @@ fn fits_i32(what: &'static str, got: usize) -> Result<()> {
         return Err(PlanError::Overflow {
             what,
             limit: i32::MAX as i64,
-            got: got as i64,
+            got: i64::try_from(got).unwrap_or(i64::MAX),
         });
     }
     Ok(())
@@ -437,6 +437,8 @@ pub fn build_backward_tasks(
     let sizes = task_build_sizes(schedule, num_tokens, workspace_rows)?;
     check_work_items(schedule, &sizes, num_tokens)?;
     let grid_launch = super::walk::grid_launch_bound(sizes.capacity, num_sms);
+    // The grid is a descriptor word: an absurd SM count must not wrap into it.
+    fits_i32("grid CTAs (capacity bound + SMs)", grid_launch)?;
     let mut t = TaskTables::memset(sizes, schedule.work_capacity(), grid_launch);
     scan_work(schedule, &mut t);
     assign_segments(schedule, &mut t);

@@ -56,8 +56,9 @@ pub fn chunk_map(num_rows: usize, rows_per_cta: usize, num_sms: usize) -> (usize
 /// CTAs to launch so that every task count up to `capacity` fits: full CTAs plus one tail CTA
 /// per SM, in whichever walk regime is larger.
 pub fn grid_launch_bound(capacity: usize, num_sms: usize) -> usize {
-    (capacity.min(ROWS_PER_CTA_SWITCH) / ROWS_PER_CTA_SMALL).max(capacity / ROWS_PER_CTA_LARGE)
-        + num_sms
+    (capacity.min(ROWS_PER_CTA_SWITCH) / ROWS_PER_CTA_SMALL)
+        .max(capacity / ROWS_PER_CTA_LARGE)
+        .saturating_add(num_sms)
 }
 
 /// One walk: the descriptor words 0..=4 of the task build.

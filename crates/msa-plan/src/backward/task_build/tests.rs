@@ -242,6 +242,13 @@ fn size_and_content_errors() {
     );
     assert!(err(140, 500, 2).contains("multiple of 128, got 500"));
     assert!(err(140, 512, 0).contains("num_sms must be positive"));
+    assert_eq!(
+        err(140, 512, usize::MAX),
+        format!(
+            "grid CTAs (capacity bound + SMs) must fit int32 (2147483647), got {}",
+            i64::MAX
+        )
+    );
     assert!(err(139, 512, 2).contains("query 129 of document 1 is not a token below 139"));
     assert!(err(140, 256, 2).contains("workspace kblock 2 is not below 2"));
     let mut bad = items.clone();
