@@ -22,11 +22,16 @@ pub enum Stage {
     SelectionLse,
     /// KL backward (dqi, dki).
     Kl,
+    /// The forward on the mma.sync (sm_80) kernels, also on Hopper: the reference path the
+    /// sm_90a kernels replace, timed in the same run.
+    ForwardSm80,
+    /// The atomic backward on the mma.sync (sm_80) kernels.
+    BackwardSm80,
 }
 
 impl Stage {
     /// Every stage `msa bench` can time: the API's entry points, in call order.
-    pub const BENCH: [Stage; 7] = [
+    pub const BENCH: [Stage; 9] = [
         Stage::Prepare,
         Stage::Forward,
         Stage::Backward,
@@ -34,6 +39,8 @@ impl Stage {
         Stage::Indexer,
         Stage::SelectionLse,
         Stage::Kl,
+        Stage::ForwardSm80,
+        Stage::BackwardSm80,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +53,8 @@ impl Stage {
             Stage::Indexer => "indexer",
             Stage::SelectionLse => "selection_lse",
             Stage::Kl => "kl",
+            Stage::ForwardSm80 => "forward_sm80",
+            Stage::BackwardSm80 => "backward_sm80",
         }
     }
 
@@ -53,8 +62,8 @@ impl Stage {
     pub fn flops(self, model: &FlopModel) -> Option<f64> {
         match self {
             Stage::Upload | Stage::Prepare | Stage::SelectionLse => None,
-            Stage::Forward => Some(model.fwd),
-            Stage::Backward | Stage::BackwardDeterministic => Some(model.bwd),
+            Stage::Forward | Stage::ForwardSm80 => Some(model.fwd),
+            Stage::Backward | Stage::BackwardDeterministic | Stage::BackwardSm80 => Some(model.bwd),
             Stage::Indexer => Some(model.indexer),
             Stage::Kl => Some(model.kl),
         }
@@ -96,7 +105,9 @@ mod tests {
                 Some(5.0),
                 Some(1.0),
                 None,
-                Some(3.0)
+                Some(3.0),
+                Some(2.0),
+                Some(5.0)
             ]
         );
         assert_eq!(Stage::Upload.flops(&model), None);

@@ -69,15 +69,23 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
                 || m.upload(&p.topk_indices),
                 |topk| m.prepare(&layout, topk),
             )?,
-            Stage::Forward => time(m, opts, none, |()| m.forward(&meta, &q, &k, &v))?,
-            Stage::Backward | Stage::BackwardDeterministic => {
+            Stage::Forward | Stage::ForwardSm80 => {
+                m.set_sm80_kernels(stage == Stage::ForwardSm80);
+                let ms = time(m, opts, none, |()| m.forward(&meta, &q, &k, &v));
+                m.set_sm80_kernels(false);
+                ms?
+            }
+            Stage::Backward | Stage::BackwardDeterministic | Stage::BackwardSm80 => {
                 let dout = dout.as_ref().ok_or_else(|| missing(stage, "dout"))?;
                 let bw = BackwardOptions {
                     deterministic: stage == Stage::BackwardDeterministic,
                 };
-                time(m, opts, none, |()| {
+                m.set_sm80_kernels(stage == Stage::BackwardSm80);
+                let ms = time(m, opts, none, |()| {
                     m.backward(&meta, &q, &k, &v, dout, &fwd.out, &fwd.lse, bw)
-                })?
+                });
+                m.set_sm80_kernels(false);
+                ms?
             }
             Stage::Indexer => {
                 let (qi, ki) = index.as_ref().ok_or_else(|| missing(stage, "qi, ki"))?;

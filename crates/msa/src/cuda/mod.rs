@@ -60,7 +60,7 @@ pub struct CudaMsa {
     stream: Arc<CudaStream>,
     device: msa_probe::DeviceInfo,
     poison_outputs: bool,
-    sm80_kernels: bool,
+    sm80_kernels: std::sync::atomic::AtomicBool,
 }
 
 impl CudaMsa {
@@ -77,21 +77,29 @@ impl CudaMsa {
             stream,
             device,
             poison_outputs: false,
-            sm80_kernels: false,
+            sm80_kernels: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Run the mma.sync (sm_80) attention kernels even on Hopper: the reference path the sm_90a
     /// kernels are checked and benchmarked against. Off by default.
-    pub fn with_sm80_kernels(mut self, on: bool) -> Self {
-        self.sm80_kernels = on;
+    pub fn with_sm80_kernels(self, on: bool) -> Self {
+        self.set_sm80_kernels(on);
         self
+    }
+
+    /// [`CudaMsa::with_sm80_kernels`] on a shared handle, for the calls that follow (the
+    /// benchmark times both kernel sets on one set of buffers).
+    pub fn set_sm80_kernels(&self, on: bool) {
+        self.sm80_kernels
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the attention runs the sm_90a kernels: a compute capability 9.0 device and
     /// [`CudaMsa::with_sm80_kernels`] off.
     pub fn uses_sm90_kernels(&self) -> bool {
-        !self.sm80_kernels && self.device.capability == (9, 0)
+        !self.sm80_kernels.load(std::sync::atomic::Ordering::Relaxed)
+            && self.device.capability == (9, 0)
     }
 
     /// The kernel set the attention runs ([`CudaMsa::uses_sm90_kernels`]).
