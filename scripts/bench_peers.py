@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peers for `msa bench`, timed in the same run on the same GPU with PyTorch.
 
-    bench_peers.py OUT.jsonl [--iters N] [--warmup N]
+    bench_peers.py OUT.jsonl [--iters N] [--warmup N] [--layouts BENCH.jsonl]
 
 MSA's shapes throughout: bf16, head_dim 128, 64 query heads sharing 4 KV heads (GQA 16),
 12,288 queries (one CP16 rank). Useful TFLOP/s use the MSA FLOP model on the pairs each peer
@@ -14,6 +14,13 @@ attends to (fwd = 2*(128+128)*64*pairs, bwd = 2.5 * fwd), so every rate is compa
                            block mask of each query's own 128-block and the 15 before it, causal
                            inside the own block: MSA's recent16 selection on one 12,288-token
                            document
+  varlen-dense <case>      with --layouts (the JSON lines of `msa bench`): for every case whose
+                           median document is under 1,024 tokens (there each MSA selection is the
+                           whole causal prefix, so MSA's work is dense varlen causal attention),
+                           torch's varlen attention (FlashAttention) over exactly its documents:
+                           each fragment's queries against its document's keys up to the
+                           fragment's end, causal bottom-right aligned. Its rate uses the case's
+                           MSA FLOPs, so it compares with msa bench's forward/backward directly.
 A peer that fails (backend missing, compile error) is reported with its error and skipped.
 """
 import argparse
@@ -106,11 +113,62 @@ def flex_peer(args):
     return measure("flex-recent16 1x12288", attn, q, k, v, do, pairs, args, "torch.compile(flex_attention)")
 
 
+def short_document_cases(path):
+    """Case records of a `msa bench` JSON file whose median document is under 1,024 tokens, one
+    per case (the first pattern's record; the documents do not depend on the pattern)."""
+    seen, cases = set(), []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("record") != "case" or "cu_seqlens_q" not in r:
+                continue
+            key = (r["case_id"], r["rank"])
+            if key in seen:
+                continue
+            seen.add(key)
+            cu_q, cu_k, first = r["cu_seqlens_q"], r["cu_seqlens_k"], r["fragment_indices"]
+            k_lens = [cu_k[b + 1] - cu_k[first[b]] for b in range(len(first))]
+            docs = sorted(k_lens)
+            median = docs[len(docs) // 2] if docs else 0
+            if median < 1024:
+                cases.append((r, k_lens, median))
+    return cases
+
+
+def varlen_peer(record, k_lens, median, args):
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu_q, first = record["cu_seqlens_q"], record["fragment_indices"]
+    q_lens = [cu_q[b + 1] - cu_q[b] for b in range(len(first))]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    T, TK = sum(q_lens), sum(k_lens)
+    mk = lambda n, h: (0.2 * torch.randn(n, h, D, device="cuda", generator=g)).to(torch.bfloat16)
+    q, do = mk(T, H), mk(T, H)
+    cu_sq = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_sk = torch.tensor([0] + list(torch.tensor(k_lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    max_q, max_k = max(q_lens), max(k_lens)
+    note = "enable_gqa"
+    k, v = mk(TK, HKV), mk(TK, HKV)
+    try:
+        varlen_attn(q, k, v, cu_sq, cu_sk, max_q, max_k, is_causal=True)
+    except RuntimeError:
+        k, v = k.repeat_interleave(H // HKV, dim=1), v.repeat_interleave(H // HKV, dim=1)
+        note = "kv expanded to 64 heads"
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    attn = lambda q, k, v: varlen_attn(q, k, v, cu_sq, cu_sk, max_q, max_k, is_causal=True)
+    pairs = record["sparse_attention_elements"]
+    name = f"varlen-dense case{record['case_id']}/r{record['rank']}"
+    return measure(name, attn, q, k, v, do, pairs, args,
+                   f"torch varlen_attn, median document {median} tokens, {note}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--layouts", help="msa bench JSON lines: add the dense varlen peer of every "
+                    "short-document case in it")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
@@ -121,6 +179,9 @@ def main():
         lambda: sdpa_peer("cudnn", SDPBackend.CUDNN_ATTENTION, 1, T, args),
         lambda: flex_peer(args),
     ]
+    if args.layouts:
+        for r, k_lens, median in short_document_cases(args.layouts):
+            peers.append(lambda r=r, k_lens=k_lens, median=median: varlen_peer(r, k_lens, median, args))
     failed = 0
     with open(args.out, "w") as f:
         for peer in peers:

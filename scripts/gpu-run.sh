@@ -14,7 +14,9 @@
 #   real       the real-case sweep alone (MSA_REAL_CASES=a..b splits it;
 #              MSA_REAL_TIMEOUT bounds it, default 400 s)                -> gpu-real.log
 #   bench      `msa bench` (device-timed medians, useful TFLOP/s) on
-#              real cases under MSA_BENCH_PATTERNS, then the PyTorch
+#              real cases (MSA_BENCH_CASES, or the selection file
+#              MSA_BENCH_SUITE) under MSA_BENCH_PATTERNS, stages
+#              MSA_BENCH_STAGES, MSA_BENCH_ITERS calls, then the PyTorch
 #              peers (dense FlashAttention/cuDNN, FlexAttention) in the
 #              same run                                                  -> bench.log, bench.jsonl,
 #                                                                           peers.log, peers.jsonl
@@ -79,11 +81,14 @@ timings() {
 
 bench() {
     local rc
-    "$here/msa" bench --cases "${MSA_BENCH_CASES:-151:7,605:13,434:2}" \
+    local select=(--cases "${MSA_BENCH_CASES:-151:7,605:13,434:2}")
+    [ -n "${MSA_BENCH_SUITE:-}" ] && select=(--suite "$MSA_BENCH_SUITE")
+    "$here/msa" bench "${select[@]}" \
         --pattern "${MSA_BENCH_PATTERNS:-recent16,random,b0p99,spread}" \
-        --json "$out/bench.jsonl" --force 2>&1 | tee "$out/bench.log"
+        --stages "${MSA_BENCH_STAGES:-prepare,forward,backward,backward_det,indexer,selection_lse,kl}" \
+        --iters "${MSA_BENCH_ITERS:-20}" --json "$out/bench.jsonl" --force 2>&1 | tee "$out/bench.log"
     rc=${PIPESTATUS[0]}
-    python3 "$here/bench_peers.py" "$out/peers.jsonl" 2>&1 | tee "$out/peers.log"
+    python3 "$here/bench_peers.py" "$out/peers.jsonl" --layouts "$out/bench.jsonl" 2>&1 | tee "$out/peers.log"
     [ "$rc" -eq 0 ] && [ "${PIPESTATUS[0]}" -eq 0 ]
 }
 

@@ -68,6 +68,9 @@ impl TimedCase<'_> {
             "backend": self.backend,
             "warmup": opts.warmup, "iters": opts.iters,
             "T": self.layout.total_q(), "Tk": self.layout.total_k(),
+            // The documents, so a dense varlen peer can time the same ones (scripts/bench_peers.py).
+            "cu_seqlens_q": self.layout.cu_seqlens_q(), "cu_seqlens_k": self.layout.cu_seqlens_k(),
+            "fragment_indices": self.layout.fragment_first(),
             "causal_elements": causal_elements(self.layout),
             "sparse_attention_elements": sparse_elements(self.layout),
             "flops": {"fwd": model.fwd, "bwd": model.bwd, "indexer": model.indexer, "kl": model.kl},
