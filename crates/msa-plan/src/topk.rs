@@ -155,6 +155,27 @@ pub fn validate_topk(layout: &VarlenLayout, topk: &[i32]) -> Result<()> {
     })
 }
 
+/// MSA's test pattern (`make_torch_topk`, the workloads' `recent16`): per (head, query) the
+/// `min(own+1, 16)` most recent blocks in ascending order, the local block last, then `-1`; the
+/// same for every head. Valid for every layout.
+pub fn recent_topk(layout: &VarlenLayout) -> Vec<i32> {
+    let t = layout.total_q();
+    let mut topk = vec![TOPK_PADDING; NUM_INDEX_HEADS * t * TOPK_BLOCKS];
+    for f in layout.fragments() {
+        for i in 0..f.q_len {
+            let own = f.position(i) / BLOCK_SIZE;
+            let lo = (own + 1).saturating_sub(TOPK_BLOCKS);
+            for h in 0..NUM_INDEX_HEADS {
+                let row = &mut topk[(h * t + f.q_start + i) * TOPK_BLOCKS..][..TOPK_BLOCKS];
+                for (slot, b) in row.iter_mut().zip(lo..=own) {
+                    *slot = b as i32;
+                }
+            }
+        }
+    }
+    topk
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

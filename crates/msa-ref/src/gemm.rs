@@ -311,9 +311,9 @@ pub(crate) fn accumulate(w: &[f32], ldw: usize, b: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Rng;
+    use msa_plan::testing::SplitMix64;
 
-    fn matrix(rng: &mut Rng, rows: usize) -> Vec<f32> {
+    fn matrix(rng: &mut SplitMix64, rows: usize) -> Vec<f32> {
         (0..rows * D).map(|_| rng.normal() as f32).collect()
     }
 
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn products_match_f64_and_every_tile_shape_gives_the_same_bits() {
-        let mut rng = Rng::new(7);
+        let mut rng = SplitMix64::new(7);
         // 7 rows: a 4-row tile and a 1-row tail; 5 keys: two 2-key tiles and a 1-key tail.
         let (m, n) = (7, 5);
         let (a, b) = (matrix(&mut rng, m), matrix(&mut rng, n));
@@ -379,7 +379,7 @@ mod tests {
         if !avx2_fma() {
             return;
         }
-        let mut rng = Rng::new(11);
+        let mut rng = SplitMix64::new(11);
         let (a, b) = (matrix(&mut rng, 5), matrix(&mut rng, 3));
         let (mut fused, mut separate) = (vec![0f32; 15], vec![0f32; 15]);
         // SAFETY: AVX2 and FMA were detected above.

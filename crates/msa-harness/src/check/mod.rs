@@ -3,7 +3,6 @@
 //! which check a run gets ([`plan_for`]).
 
 pub mod compare;
-pub mod oracle;
 mod outputs;
 mod plan;
 mod reference;
@@ -12,6 +11,8 @@ mod spot;
 pub mod structure;
 mod tolerances;
 
+/// The independent f64 oracle (crate `msa-oracle`).
+pub use msa_oracle as oracle;
 pub use outputs::against_outputs;
 pub use plan::{plan_for, CheckPlan, Coverage, FULL_CHECK_MAX_ELEMENTS};
 pub use reference::against_reference;

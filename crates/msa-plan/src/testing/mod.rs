@@ -10,6 +10,7 @@ pub mod layouts;
 pub mod rng;
 pub mod selection;
 
+pub use crate::topk::recent_topk;
 pub use layouts::{layout_from_documents, layouts, DocumentFragments, LayoutConfig};
 pub use rng::SplitMix64;
-pub use selection::{layouts_with_topk, random_topk, recent_topk};
+pub use selection::{layouts_with_topk, messy_topk, random_topk};

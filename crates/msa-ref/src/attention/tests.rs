@@ -6,9 +6,9 @@ use super::backward::backward_with_delta;
 use super::*;
 use crate::compare::allclose;
 use crate::error::RefError;
-use crate::testing::{
-    bf16s, dense_attention, dense_gradients, in_set, queries, random_topk, recent_topk, to_f64, Rng,
-};
+use crate::testing::{bf16s, in_set, queries, to_f64};
+use msa_oracle::{dense_forward, dense_gradients, Problem};
+use msa_plan::testing::{messy_topk, recent_topk, SplitMix64};
 
 const D: usize = HEAD_DIM;
 
@@ -24,10 +24,10 @@ struct Case {
 impl Case {
     fn new(
         layout: VarlenLayout,
-        topk: impl FnOnce(&VarlenLayout, &mut Rng) -> Vec<i32>,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
         seed: u64,
     ) -> Self {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         let (t, tk) = (layout.total_q(), layout.total_k());
         let q = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.2);
         let k = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
@@ -54,22 +54,31 @@ impl Case {
         }
     }
 
+    /// The same problem for the f64 oracle.
+    fn problem(&self) -> Problem<'_> {
+        Problem {
+            layout: &self.layout,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            topk: &self.topk,
+            dout: Some(&self.dout),
+            index: None,
+        }
+    }
+
+    /// The oracle's `(out, lse)`.
     fn dense(&self) -> (Vec<f64>, Vec<f64>) {
-        dense_attention(
-            &self.layout,
-            &to_f64(&self.q),
-            &to_f64(&self.k),
-            &to_f64(&self.v),
-            &self.topk,
-        )
+        dense_forward(&self.problem())
     }
 }
 
-fn random(l: &VarlenLayout, rng: &mut Rng) -> Vec<i32> {
-    random_topk(l, rng)
+/// Random selections padded with every entry the contract ignores.
+fn random(l: &VarlenLayout, rng: &mut SplitMix64) -> Vec<i32> {
+    messy_topk(l, rng.next_u64())
 }
 
-fn recent(l: &VarlenLayout, _: &mut Rng) -> Vec<i32> {
+fn recent(l: &VarlenLayout, _: &mut SplitMix64) -> Vec<i32> {
     recent_topk(l)
 }
 
@@ -144,8 +153,7 @@ fn backward_equals_dense_gradients() {
             .map(|(o, d)| o.iter().zip(d).map(|(a, b)| a * b).sum::<f64>() as f32)
             .collect();
         let got = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
-        let (q, k, v) = (to_f64(&case.q), to_f64(&case.k), to_f64(&case.v));
-        let want = dense_gradients(&case.layout, [&q, &k, &v], &dout, &case.topk);
+        let want = dense_gradients(&case.problem());
         for (name, got, want) in [
             ("dq", &got.dq, &want[0]),
             ("dk", &got.dk, &want[1]),
@@ -160,7 +168,15 @@ fn backward_equals_dense_gradients() {
 
 /// `L = Σ dout·O` in f64.
 fn loss(case: &Case, q: &[f64], k: &[f64], v: &[f64]) -> f64 {
-    let (out, _) = dense_attention(&case.layout, q, k, v, &case.topk);
+    let (out, _) = dense_forward(&Problem {
+        layout: &case.layout,
+        q,
+        k,
+        v,
+        topk: &case.topk,
+        dout: None,
+        index: None,
+    });
     out.iter()
         .zip(&case.dout)
         .map(|(o, d)| o * d.to_f64())
@@ -189,7 +205,7 @@ fn gradients_match_central_finite_differences() {
         .collect();
     let grads = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
 
-    let mut rng = Rng::new(60);
+    let mut rng = SplitMix64::new(60);
     let base = [to_f64(&case.q), to_f64(&case.k), to_f64(&case.v)];
     // Keys some query selects (non-zero gradients) and one key nobody selects.
     let mut selected = Vec::new();
@@ -251,7 +267,7 @@ fn gradients_match_central_finite_differences() {
 fn empty_selections_give_zero_output_and_zero_gradients() {
     // Only ignored entries: -1, negative, past the document, and future blocks.
     let layout = VarlenLayout::new(&[0, 32, 64], &[0, 128, 300], Some(&[0, 0])).unwrap();
-    let junk = |l: &VarlenLayout, _: &mut Rng| {
+    let junk = |l: &VarlenLayout, _: &mut SplitMix64| {
         let mut topk = vec![-1i32; NUM_KV_HEADS * l.total_q() * TOPK_BLOCKS];
         for (i, e) in topk.iter_mut().enumerate() {
             *e = [-1, -7, 3, 9][i % 4];
@@ -272,7 +288,7 @@ fn empty_selections_give_zero_output_and_zero_gradients() {
 fn unselected_keys_get_exact_zero_gradients() {
     // Group 0 never selects block 1; group 1 selects only block 0 of fragment 1's document.
     let layout = VarlenLayout::new(&[0, 10, 20], &[0, 200, 400], Some(&[0, 0])).unwrap();
-    let pattern = |l: &VarlenLayout, _: &mut Rng| {
+    let pattern = |l: &VarlenLayout, _: &mut SplitMix64| {
         let t = l.total_q();
         let mut topk = recent_topk(l);
         for q in 0..t {

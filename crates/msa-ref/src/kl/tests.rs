@@ -9,7 +9,8 @@ use crate::attention::forward;
 use crate::compare::{cosine, l2_rel};
 use crate::error::RefError;
 use crate::indexer::{selection_lse, IndexerInputs};
-use crate::testing::{bf16s, in_set, queries, random_topk, to_f64, Rng};
+use crate::testing::{bf16s, in_set, queries, to_f64};
+use msa_plan::testing::{messy_topk, SplitMix64};
 
 const COEFF: f32 = 1.7;
 
@@ -29,10 +30,10 @@ impl Case {
     /// over the same token sets, as the contract requires.
     fn new(
         layout: VarlenLayout,
-        topk: impl FnOnce(&VarlenLayout, &mut Rng) -> Vec<i32>,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
         seed: u64,
     ) -> Self {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         let (t, tk) = (layout.total_q(), layout.total_k());
         let q = bf16s(&mut rng, t * NUM_Q_HEADS * HEAD_DIM, 0.2);
         let k = bf16s(&mut rng, tk * NUM_KV_HEADS * HEAD_DIM, 0.2);
@@ -87,8 +88,8 @@ impl Case {
 /// Two CP fragments of one document; no group selects block 1, so keys 128..256 are in no set.
 fn fragment_case(seed: u64) -> Case {
     let layout = VarlenLayout::new(&[0, 3, 8], &[0, 200, 300], Some(&[0, 0])).unwrap();
-    let pattern = |l: &VarlenLayout, rng: &mut Rng| {
-        let mut topk = random_topk(l, rng);
+    let pattern = |l: &VarlenLayout, rng: &mut SplitMix64| {
+        let mut topk = messy_topk(l, rng.next_u64());
         topk.iter_mut().filter(|e| **e == 1).for_each(|e| *e = -1);
         topk
     };
@@ -128,7 +129,7 @@ fn exact_gradients_match_finite_differences_of_the_loss() {
             live_keys.extend(keys);
         }
     }
-    let mut rng = Rng::new(32);
+    let mut rng = SplitMix64::new(32);
     let h = 1e-4;
     let qi_entries: Vec<usize> = (0..8)
         .map(|_| {
@@ -189,7 +190,7 @@ fn exact_gradients_match_finite_differences_of_the_loss() {
 fn single_token_sets_have_exactly_zero_gradients() {
     // Teacher and student are both the one-point distribution: dz = 1 - 1 = 0 exactly.
     let layout = VarlenLayout::documents(&[0, 1, 2, 3]).unwrap();
-    let only_block_0 = |l: &VarlenLayout, _: &mut Rng| {
+    let only_block_0 = |l: &VarlenLayout, _: &mut SplitMix64| {
         let mut topk = vec![-1i32; NUM_KV_HEADS * l.total_q() * TOPK_BLOCKS];
         topk.iter_mut().step_by(TOPK_BLOCKS).for_each(|e| *e = 0);
         topk
@@ -206,7 +207,7 @@ fn subsets_equal_full_results_and_threads_do_not_matter() {
         Some(&[0, 0, 0, 3]),
     )
     .unwrap();
-    let case = Case::new(layout, random_topk, 34);
+    let case = Case::new(layout, |l, rng| messy_topk(l, rng.next_u64()), 34);
     let inputs = case.inputs();
     let full = case.backward();
     let (tl, il) = (&case.teacher_lse, &case.indexer_lse);
