@@ -188,6 +188,12 @@ fn deterministic_runs_are_bitwise_equal() {
                 ("dv_atomic", &atomic.dv, &a.dv),
             ] {
                 r.push(compare::cosine(name, &f(x), &f(y), 0.9999));
+                r.push(compare::l2_rel(
+                    name,
+                    &f(x),
+                    &f(y),
+                    Tolerances::strict().grad_l2_rel,
+                ));
             }
             harness::record(
                 "determinism",

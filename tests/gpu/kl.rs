@@ -194,18 +194,8 @@ fn check(
         }
         (rdqi, rdki, gdqi, gdki)
     };
-    r.push(compare::cosine(
-        &name("dqi"),
-        &got_dqi,
-        &ref_dqi,
-        tol.grad_cosine,
-    ));
-    r.push(compare::cosine(
-        &name("dki"),
-        &got_dki,
-        &ref_dki,
-        tol.grad_cosine,
-    ));
+    r.push_all(compare::gradient(&name("dqi"), &got_dqi, &ref_dqi, &tol));
+    r.push_all(compare::gradient(&name("dki"), &got_dki, &ref_dki, &tol));
 
     let (dqi2, dki2) = &runs[1];
     r.push(exact(

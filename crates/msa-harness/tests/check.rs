@@ -382,8 +382,11 @@ fn cpu_backend_passes_the_reference_checks() {
         ("dk", "nonzero_unselected"),
         ("dv", "nonzero_unselected"),
         ("dq", "cosine"),
+        ("dq", "l2_rel"),
         ("dk", "cosine"),
+        ("dk", "l2_rel"),
         ("dv", "cosine"),
+        ("dv", "l2_rel"),
         ("indexer_topk", "malformed_rows"),
         ("indexer_topk", "rank_shortfall"),
         ("indexer_lse", "close_ratio"),
@@ -391,7 +394,9 @@ fn cpu_backend_passes_the_reference_checks() {
         ("dqi", "non_finite"),
         ("dki", "non_finite"),
         ("dqi", "cosine"),
+        ("dqi", "l2_rel"),
         ("dki", "cosine"),
+        ("dki", "l2_rel"),
     ];
     let full = full_report(o);
     let sampled = reference_report(o, &Sample::new(&p.layout, 24, 3, 11));
@@ -437,13 +442,17 @@ fn cpu_backend_passes_the_oracle_spot_checks() {
             ("out", "close_ratio"),
             ("lse", "close_ratio"),
             ("dq", "cosine"),
+            ("dq", "l2_rel"),
             ("dk", "cosine"),
+            ("dk", "l2_rel"),
             ("dv", "cosine"),
+            ("dv", "l2_rel"),
             ("indexer_topk", "malformed_rows"),
             ("indexer_topk", "rank_shortfall"),
             ("indexer_lse", "close_ratio"),
             ("kl_indexer_lse", "close_ratio"),
             ("dqi", "cosine"),
+            ("dqi", "l2_rel"),
         ]
     );
     // Key rows were actually compared (keys with too many queries are skipped).
@@ -501,7 +510,8 @@ fn a_nan_gradient_fails_dq() {
         failures(&r),
         [
             ("dq".to_string(), "non_finite"),
-            ("dq".to_string(), "cosine")
+            ("dq".to_string(), "cosine"),
+            ("dq".to_string(), "l2_rel")
         ],
         "{}",
         r.table()
@@ -528,9 +538,14 @@ fn a_gradient_on_an_unselected_key_fails_dk() {
     let r = corrupted(|o| {
         o.dk.as_mut().unwrap()[(row * NUM_KV_HEADS + g) * HEAD_DIM + 9] = bf16::from_f32(0.01)
     });
+    // The probe samples block 0 of document B, so the value also moves dk's relative L2 error
+    // (the unselected rows' expected gradient is exactly zero).
     assert_eq!(
         failures(&r),
-        [("dk".to_string(), "nonzero_unselected")],
+        [
+            ("dk".to_string(), "nonzero_unselected"),
+            ("dk".to_string(), "l2_rel")
+        ],
         "{}",
         r.table()
     );
@@ -645,11 +660,62 @@ fn shuffled_kl_gradients_fail_dqi() {
     });
     assert_eq!(
         failures(&r),
-        [("dqi".to_string(), "cosine")],
+        [("dqi".to_string(), "cosine"), ("dqi".to_string(), "l2_rel")],
         "{}",
         r.table()
     );
     assert!(line(&r, "dqi", "cosine").value < 0.5);
+}
+
+/// Every element of `tensor` multiplied by `factor`.
+fn scale(x: &mut Option<Vec<bf16>>, factor: f32) {
+    for v in x.as_mut().unwrap() {
+        *v = bf16::from_f32(v.to_f32() * factor);
+    }
+}
+
+#[test]
+fn a_gradient_of_the_wrong_scale_fails_l2_rel_though_its_cosine_passes() {
+    // What a kernel that drops or doubles a scale in dQ/dK/dV (or the KL) gives: the right
+    // direction, the wrong length. The cosine stays 1; the relative L2 error sees it, under
+    // MSA's set and the strict one, in the reference check and in the comparison of outputs.
+    type Pick = fn(&mut msa_harness::io::Outputs) -> &mut Option<Vec<bf16>>;
+    let cases: [(&str, Pick, f32); 5] = [
+        ("dq", |o| &mut o.dq, 1000.0),
+        ("dk", |o| &mut o.dk, 2.0),
+        ("dv", |o| &mut o.dv, 0.01),
+        ("dqi", |o| &mut o.dqi, 0.5),
+        ("dki", |o| &mut o.dki, 1000.0),
+    ];
+    let (_, base_run) = base();
+    for (tensor, pick, factor) in cases {
+        let mut got = base_run.outputs.clone();
+        scale(pick(&mut got), factor);
+        for tol in [Tolerances::default(), Tolerances::strict()] {
+            let (p, r) = base();
+            let kl = r.kl_indexer_lse.as_deref().map(|l| (l, LOSS_COEFF));
+            let reports = [
+                against_reference(p, &got, &probe_sample(), &tol, kl).unwrap(),
+                msa_harness::check::against_outputs(&got, &base_run.outputs, &tol).unwrap(),
+            ];
+            for report in reports {
+                let l2 = line(&report, tensor, "l2_rel");
+                assert_eq!(
+                    failures(&report),
+                    [(tensor.to_string(), "l2_rel")],
+                    "{tensor} x {factor}\n{}",
+                    report.table()
+                );
+                assert!(
+                    (l2.value - (factor as f64 - 1.0).abs()).abs()
+                        < 0.05 * (factor as f64 - 1.0).abs() + 1e-2,
+                    "{tensor} x {factor}: l2_rel {}",
+                    l2.value
+                );
+                assert!(line(&report, tensor, "cosine").passed, "{}", report.table());
+            }
+        }
+    }
 }
 
 #[test]
@@ -663,13 +729,16 @@ fn a_wrong_kl_index_lse_fails_both_checks() {
     let tol = Tolerances::default();
     let reference = against_reference(p, &r.outputs, &probe_sample(), &tol, kl).unwrap();
     let oracle = against_oracle(p, &r.outputs, &probe_sample(), &tol, kl);
-    for report in [&reference, &oracle] {
-        assert_eq!(
-            failures(report),
-            [("kl_indexer_lse".to_string(), "close_ratio")],
-            "{}",
-            report.table()
-        );
+    // The reference's dQI of that query then follows the wrong LSE: its cosine stays above
+    // MSA's limit, its relative L2 error does not. The oracle recomputes the LSE for dQI (and
+    // the key rows its dKI check sums over do not hold query 49).
+    for (report, grads) in [(&reference, vec![("dqi", "l2_rel")]), (&oracle, vec![])] {
+        let want: Vec<(String, &str)> = [("kl_indexer_lse", "close_ratio")]
+            .into_iter()
+            .chain(grads)
+            .map(|(t, m)| (t.to_string(), m))
+            .collect();
+        assert_eq!(failures(report), want, "{}", report.table());
         let l = line(report, "kl_indexer_lse", "close_ratio");
         assert!(
             l.detail.ends_with("1 of 36 over, worst at 20"),

@@ -64,6 +64,16 @@ pub fn attention_grad_cosine(
     cosine_line(tensor, actual, expected, min, true)
 }
 
+/// Whether two attention gradients are both numerically zero (see [`NEGLIGIBLE_RMS`]).
+fn both_negligible(actual: &[f32], expected: &[f32]) -> bool {
+    let rms = |x: &[f32]| {
+        (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64).sqrt()
+    };
+    rms(expected) < NEGLIGIBLE_RMS
+        && rms(actual) < NEGLIGIBLE_RMS
+        && msa_ref::compare::max_abs_diff(actual, expected) < 1e-6
+}
+
 fn cosine_line(
     tensor: &str,
     actual: &[f32],
@@ -79,13 +89,7 @@ fn cosine_line(
     let nonfinite = actual.iter().filter(|x| !x.is_finite()).count();
     let c = msa_ref::compare::cosine(actual, expected);
     let l2 = msa_ref::compare::l2_rel(actual, expected);
-    let rms = |x: &[f32]| {
-        (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64).sqrt()
-    };
-    let negligible = allow_zero
-        && rms(expected) < NEGLIGIBLE_RMS
-        && rms(actual) < NEGLIGIBLE_RMS
-        && msa_ref::compare::max_abs_diff(actual, expected) < 1e-6;
+    let negligible = allow_zero && both_negligible(actual, expected);
     CheckLine {
         tensor: tensor.to_string(),
         metric: "cosine",
@@ -102,6 +106,91 @@ fn cosine_line(
             }
         ),
     }
+}
+
+/// Relative L2 error `‖actual − expected‖₂ / ‖expected‖₂` (f64) at most `max`; any non-finite
+/// element fails. Unlike the cosine it sees scale: a gradient multiplied by 1000 (or 0.01) has
+/// cosine 1 and relative L2 error 999 (0.99).
+pub fn l2_rel(tensor: &str, actual: &[f32], expected: &[f32], max: f64) -> CheckLine {
+    l2_rel_line(tensor, actual, expected, max, false)
+}
+
+/// [`l2_rel`] for attention gradients: two numerically zero tensors pass, as in
+/// [`attention_grad_cosine`].
+pub fn attention_grad_l2_rel(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    max: f64,
+) -> CheckLine {
+    l2_rel_line(tensor, actual, expected, max, true)
+}
+
+fn l2_rel_line(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    max: f64,
+    allow_zero: bool,
+) -> CheckLine {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{tensor}: compared slices differ in length"
+    );
+    let nonfinite = actual.iter().filter(|x| !x.is_finite()).count();
+    let l2 = msa_ref::compare::l2_rel(actual, expected);
+    let negligible = allow_zero && both_negligible(actual, expected);
+    let (na, ne) = (norm(actual), norm(expected));
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "l2_rel",
+        // NaN (a non-finite element) reads as the worst value.
+        value: if l2.is_nan() { f64::INFINITY } else { l2 },
+        limit: max,
+        passed: nonfinite == 0 && (l2 <= max || negligible),
+        detail: format!(
+            "norm ratio {:.4e}, {nonfinite} non-finite, n {}{}",
+            if ne > 0.0 { na / ne } else { f64::NAN },
+            actual.len(),
+            if negligible {
+                ", both numerically zero"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
+fn norm(x: &[f32]) -> f64 {
+    x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt()
+}
+
+/// Both lines of a gradient check: MSA's cosine (direction) and the relative L2 error (scale
+/// too), with the limits of `tol`.
+pub fn gradient(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    tol: &super::Tolerances,
+) -> [CheckLine; 2] {
+    [
+        cosine(tensor, actual, expected, tol.grad_cosine),
+        l2_rel(tensor, actual, expected, tol.grad_l2_rel),
+    ]
+}
+
+/// [`gradient`] for attention gradients (numerically zero pairs pass both lines).
+pub fn attention_gradient(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    tol: &super::Tolerances,
+) -> [CheckLine; 2] {
+    [
+        attention_grad_cosine(tensor, actual, expected, tol.grad_cosine),
+        attention_grad_l2_rel(tensor, actual, expected, tol.grad_l2_rel),
+    ]
 }
 
 /// Exact equality of integer tensors (metadata, selections).

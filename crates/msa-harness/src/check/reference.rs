@@ -120,23 +120,23 @@ pub fn against_reference(
                 })
                 .collect()
         };
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dq",
             &gather_rows(dq, Q_ROW, qs.iter().copied()),
             &ref_dq,
-            tol.grad_cosine,
+            tol,
         ));
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dk",
             &got_keys(dk),
             &ref_dk,
-            tol.grad_cosine,
+            tol,
         ));
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dv",
             &got_keys(dv),
             &ref_dv,
-            tol.grad_cosine,
+            tol,
         ));
     }
 
@@ -248,13 +248,13 @@ pub fn against_reference(
                 .flat_map(|(_, rows)| gather_rows(dki, INDEX_DIM, rows.clone()))
                 .collect()
         };
-        r.push(compare::cosine(
+        r.push_all(compare::gradient(
             "dqi",
             &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
             &ref_dqi,
-            tol.grad_cosine,
+            tol,
         ));
-        r.push(compare::cosine("dki", &got_dki, &ref_dki, tol.grad_cosine));
+        r.push_all(compare::gradient("dki", &got_dki, &ref_dki, tol));
     }
     Ok(r)
 }

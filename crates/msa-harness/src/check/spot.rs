@@ -69,11 +69,11 @@ pub fn against_oracle(
             .par_iter()
             .flat_map_iter(|&q| (0..NUM_Q_HEADS).flat_map(move |h| f32s(prob.dq_row(q, h))))
             .collect();
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dq",
             &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()),
             &want,
-            tol.grad_cosine,
+            tol,
         ));
         // The per-key gradients take each (query, head)'s LSE from the backend's forward and
         // delta from its bf16 `out`, as the kernels do: the forward is checked above, and this
@@ -90,14 +90,7 @@ pub fn against_oracle(
                 .sum();
             (lse[t * NUM_Q_HEADS + h] as f64, delta)
         };
-        let rows: Vec<(usize, usize)> = sample
-            .keys
-            .iter()
-            .flat_map(|(g, rows)| {
-                let step = (rows.len() / KEYS_PER_RANGE).max(1);
-                rows.clone().step_by(step).map(move |row| (*g, row))
-            })
-            .collect();
+        let rows: Vec<(usize, usize)> = key_rows(sample).collect();
         let per_row: Vec<(Vec<f64>, Vec<f64>)> = rows
             .par_iter()
             .map(|&(g, row)| prob.dkv_row(g, row, &prob.key_queries(g, row), stats))
@@ -110,18 +103,8 @@ pub fn against_oracle(
             wk.extend(f32s(a));
             wv.extend(f32s(b));
         }
-        r.push(compare::attention_grad_cosine(
-            "dk",
-            &gk,
-            &wk,
-            tol.grad_cosine,
-        ));
-        r.push(compare::attention_grad_cosine(
-            "dv",
-            &gv,
-            &wv,
-            tol.grad_cosine,
-        ));
+        r.push_all(compare::attention_gradient("dk", &gk, &wk, tol));
+        r.push_all(compare::attention_gradient("dv", &gv, &wv, tol));
     }
     if let (Some(itopk), Some(ilse)) = (&got.indexer_topk, &got.indexer_lse) {
         r.push(structure::indexer_selection(l, itopk));
@@ -182,12 +165,20 @@ pub fn against_oracle(
                     .flat_map(move |g| f32s(prob.kl_dqi_row(q, g, loss_coeff as f64)))
             })
             .collect();
-        r.push(compare::cosine(
+        r.push_all(compare::gradient(
             "dqi",
             &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
             &want,
-            tol.grad_cosine,
+            tol,
         ));
     }
     r
+}
+
+/// (group, packed key row): [`KEYS_PER_RANGE`] rows spread over each sampled key range.
+fn key_rows(sample: &Sample) -> impl Iterator<Item = (usize, usize)> + '_ {
+    sample.keys.iter().flat_map(|(g, rows)| {
+        let step = (rows.len() / KEYS_PER_RANGE).max(1);
+        rows.clone().step_by(step).map(move |row| (*g, row))
+    })
 }
