@@ -32,13 +32,15 @@ pub struct Args {
     /// Bitwise-repeatable backward.
     #[arg(long)]
     pub deterministic: bool,
-    /// How much of the outputs a GPU run's reference check covers (the CPU backend gets the f64
-    /// oracle's spot check unless `none`).
+    /// How much of the outputs a GPU run's reference check covers. The CPU backend is the
+    /// reference: it gets the f64 oracle's check on a sample (`auto`, `sample`), and `full` is
+    /// refused for it.
     #[arg(long, value_enum, default_value_t = CheckArg::Auto)]
     pub check: CheckArg,
-    /// Queries in a sampled check against the reference.
-    #[arg(long, default_value_t = 256)]
-    pub sample_queries: usize,
+    /// Queries in a sampled check: against the reference on the GPU (default 256), against the
+    /// f64 oracle on the CPU (default 12).
+    #[arg(long)]
+    pub sample_queries: Option<usize>,
     #[arg(long, default_value_t = 1.0)]
     pub loss_coeff: f32,
     /// The limits of every check.
@@ -79,12 +81,17 @@ pub fn run(a: &Args) -> Result<ExitCode> {
         eprintln!("{}: building inputs ...", spec.name());
         let rank = cases::rank_case(&selection.listed, spec.case_id, spec.rank)?;
         let p = cases::build(&rank, spec.pattern, spec.seed);
+        // Planned before the run: a check the backend cannot have fails before any work.
+        let plan = a
+            .check
+            .coverage()
+            .map(|coverage| plan_for(&backend, &p.layout, coverage, a.sample_queries, spec.seed))
+            .transpose()?;
         eprintln!("{}: running on {} ...", spec.name(), backend.name());
         let result = backend.run(&p, &opts)?;
-        let report = match a.check.coverage() {
+        let report = match plan {
             None => CheckReport::default(),
-            Some(coverage) => {
-                let plan = plan_for(&backend, &p.layout, coverage, a.sample_queries, spec.seed);
+            Some(plan) => {
                 eprintln!("{}: checking ({}) ...", spec.name(), plan.describe());
                 plan.check(&p, &result, &tol, a.loss_coeff)?
             }

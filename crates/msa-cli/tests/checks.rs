@@ -112,3 +112,112 @@ fn compare_fails_a_gradient_of_the_wrong_scale() {
         }
     }
 }
+
+/// A manifest line in MSA's format, with every metric recomputed here from `cu`.
+fn manifest_line(case_id: u64, cu: &[i32]) -> String {
+    let mut lens: Vec<u64> = cu.windows(2).map(|w| (w[1] - w[0]) as u64).collect();
+    lens.sort_unstable();
+    let n = lens.len();
+    let median = if n % 2 == 1 {
+        lens[n / 2]
+    } else {
+        (lens[n / 2 - 1] + lens[n / 2]) / 2
+    };
+    let metrics = serde_json::json!({
+        "total_tokens": lens.iter().sum::<u64>(),
+        "num_sequences": n,
+        "min_seqlen": lens[0],
+        "median_seqlen": median,
+        "max_seqlen": lens[n - 1],
+        "causal_elements": lens.iter().map(|l| l * (l + 1) / 2).sum::<u64>(),
+    });
+    serde_json::json!({"case_id": case_id, "cu_seqlens": cu, "metrics": metrics}).to_string()
+}
+
+/// A manifest of one pack of 16·1,024 tokens in documents of a few hundred tokens (none a
+/// multiple of 128): each CP16 rank holds 1,024 queries in fragments, cheap on the CPU.
+fn small_manifest() -> PathBuf {
+    let path = tmp("small.jsonl");
+    const TOTAL: i32 = 16 * 1024;
+    let mut cu = vec![0];
+    for len in [421, 650, 333, 517, 250, 700, 389].into_iter().cycle() {
+        let end = cu.last().unwrap() + len;
+        if end >= TOTAL - 100 {
+            break;
+        }
+        cu.push(end);
+    }
+    cu.push(TOTAL);
+    std::fs::write(&path, manifest_line(5, &cu) + "\n").unwrap();
+    path
+}
+
+fn cpu_run(manifest: &std::path::Path, extra: &[&str]) -> Output {
+    let base = [
+        "run",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--case",
+        "5",
+        "--rank",
+        "1",
+        "--backend",
+        "cpu",
+    ];
+    msa(&[&base[..], extra].concat())
+}
+
+/// `n {count}` of a table line's detail.
+fn count(line: &str) -> usize {
+    let at = line
+        .find(", n ")
+        .unwrap_or_else(|| panic!("no count in `{line}`"))
+        + 4;
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_cpu_backend_refuses_a_full_check_and_samples_as_many_queries_as_asked() {
+    let manifest = small_manifest();
+    // A full check would compare the reference with itself: refused before any work.
+    let o = cpu_run(&manifest, &["--check", "full"]);
+    expect_exit(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains("error: check coverage: a full check compares every element with the CPU reference, which is the backend under test"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("running on cpu"),
+        "refused before the run: {err}"
+    );
+    assert!(!stdout(&o).contains("PASS"));
+
+    // --sample-queries sets how many queries the oracle checks (12 by default).
+    for (extra, queries) in [(&[][..], 12), (&["--sample-queries", "20"][..], 20)] {
+        let o = cpu_run(&manifest, extra);
+        expect_exit(&o, 0);
+        let text = stdout(&o);
+        let dq = table_line(&text, "dq", "cosine").expect("a dq line");
+        assert_eq!(count(dq), queries * 64 * 128, "{text}");
+    }
+}
+
+#[test]
+fn the_cpu_backend_checks_dki_against_the_oracle() {
+    let manifest = small_manifest();
+    let o = cpu_run(&manifest, &["--kl", "--loss-coeff", "1.7"]);
+    expect_exit(&o, 0);
+    let text = stdout(&o);
+    for metric in ["cosine", "l2_rel"] {
+        let line = table_line(&text, "dki", metric)
+            .unwrap_or_else(|| panic!("no dki {metric} in\n{text}"));
+        assert!(line.contains(" ok"), "{text}");
+        assert!(count(line) >= 128, "key rows were compared: {text}");
+    }
+}

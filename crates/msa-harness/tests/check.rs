@@ -453,6 +453,8 @@ fn cpu_backend_passes_the_oracle_spot_checks() {
             ("kl_indexer_lse", "close_ratio"),
             ("dqi", "cosine"),
             ("dqi", "l2_rel"),
+            ("dki", "cosine"),
+            ("dki", "l2_rel"),
         ]
     );
     // Key rows were actually compared (keys with too many queries are skipped).

@@ -172,6 +172,28 @@ pub fn against_oracle(
             tol,
         ));
     }
+    if let (Some(dki), Some(lse), Some((indexer_lse, loss_coeff))) = (&got.dki, &got.lse, kl_inputs)
+    {
+        // dKI has one head: a few key rows of group 0's sampled ranges, each summed over every
+        // (query, index head) whose token set holds it, with the LSEs the backend's KL was given
+        // (the teacher's is its forward LSE, checked above; the student's, `kl_indexer_lse`).
+        let rows: Vec<usize> = key_rows(sample)
+            .filter(|(g, _)| *g == 0)
+            .map(|(_, r)| r)
+            .collect();
+        let teacher = |t: usize, h: usize| lse[t * NUM_Q_HEADS + h] as f64;
+        let student = |g: usize, q: usize| indexer_lse[g * t + q] as f64;
+        let want: Vec<f32> = rows
+            .par_iter()
+            .flat_map_iter(|&row| f32s(prob.kl_dki_row(row, loss_coeff as f64, teacher, student)))
+            .collect();
+        r.push_all(compare::gradient(
+            "dki",
+            &gather_rows(dki, INDEX_DIM, rows.iter().copied()),
+            &want,
+            tol,
+        ));
+    }
     r
 }
 
