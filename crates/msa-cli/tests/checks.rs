@@ -221,3 +221,32 @@ fn the_cpu_backend_checks_dki_against_the_oracle() {
         assert!(count(line) >= 128, "key rows were compared: {text}");
     }
 }
+
+#[test]
+fn run_takes_peaked_inputs_beside_msas_protocol() {
+    let manifest = small_manifest();
+    let o = cpu_run(
+        &manifest,
+        &["--inputs", "msa,peaked", "--pattern", "random"],
+    );
+    expect_exit(&o, 0);
+    let text = stdout(&o);
+    let verdicts: Vec<&str> = text.lines().filter(|l| l.contains(" on cpu: ")).collect();
+    assert_eq!(
+        verdicts,
+        [
+            "case5/r1/random/s0 on cpu: PASS",
+            "case5/r1/random/s0/peaked on cpu: PASS"
+        ],
+        "{text}"
+    );
+    assert!(text.contains("2 of 2 cases passed"), "{text}");
+    let o = msa(&["run", "-h"]);
+    assert!(
+        stdout(&o).contains("[possible values: msa, peaked]"),
+        "{}",
+        stdout(&o)
+    );
+    let o = cpu_run(&manifest, &["--inputs", "flat"]);
+    expect_exit(&o, 2);
+}

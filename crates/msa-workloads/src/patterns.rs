@@ -17,7 +17,7 @@ use msa_ref::indexer::{self, IndexerInputs};
 use rayon::prelude::*;
 
 use crate::error::WorkloadError;
-use crate::inputs::{Rng, Tensor, PATTERN_DOMAIN};
+use crate::inputs::{InputMode, Rng, Tensor, PATTERN_DOMAIN};
 
 /// The pool sizes of `pool-N`.
 pub const POOL_SIZES: [usize; 5] = [16, 32, 64, 128, 256];
@@ -122,12 +122,23 @@ impl FromStr for Pattern {
 /// stream `[2, tag, parameter, g]` under `seed` (query by query in packed order) and its pools
 /// from `[2, tag, parameter, g, f]` (f: the document's first fragment).
 pub fn make_topk(layout: &VarlenLayout, pattern: Pattern, seed: u64) -> Vec<i32> {
+    make_topk_in(layout, pattern, seed, InputMode::Msa)
+}
+
+/// [`make_topk`] for inputs drawn under `mode`: only `indexer` depends on it (the indexer runs
+/// on the qi/ki of that mode, before any peak is planted).
+pub fn make_topk_in(
+    layout: &VarlenLayout,
+    pattern: Pattern,
+    seed: u64,
+    mode: InputMode,
+) -> Vec<i32> {
     if pattern == Pattern::Recent16 {
         return msa_plan::topk::recent_topk(layout);
     }
     if pattern == Pattern::Indexer {
-        let qi = Tensor::Qi.generate(layout, seed);
-        let ki = Tensor::Ki.generate(layout, seed);
+        let qi = Tensor::Qi.generate_in(layout, seed, mode);
+        let ki = Tensor::Ki.generate_in(layout, seed, mode);
         // The generated qi/ki always have the layout's sizes, the only thing forward checks.
         return indexer::forward(&IndexerInputs {
             layout,

@@ -6,8 +6,9 @@ use super::backward::backward_with_delta;
 use super::*;
 use crate::compare::allclose;
 use crate::error::RefError;
-use crate::testing::{bf16s, in_set, queries, to_f64};
+use crate::testing::{bf16s, in_set, plant_peaks, queries, to_f64};
 use msa_oracle::{dense_forward, dense_gradients, Problem};
+use msa_plan::peak::PEAKED_STD;
 use msa_plan::testing::{messy_topk, recent_topk, SplitMix64};
 
 const D: usize = HEAD_DIM;
@@ -34,6 +35,31 @@ impl Case {
         let v = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
         let dout = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.1);
         let topk = topk(&layout, &mut rng);
+        Self {
+            layout,
+            q,
+            k,
+            v,
+            topk,
+            dout,
+        }
+    }
+
+    /// Peaked inputs (docs/contract.md §7.3): q and k of std 1.5 and a planted maximum-score key
+    /// per (query, group) in a late selected block.
+    fn peaked(
+        layout: VarlenLayout,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
+        seed: u64,
+    ) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let (t, tk) = (layout.total_q(), layout.total_k());
+        let mut q = bf16s(&mut rng, t * NUM_Q_HEADS * D, PEAKED_STD);
+        let k = bf16s(&mut rng, tk * NUM_KV_HEADS * D, PEAKED_STD);
+        let v = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
+        let dout = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.1);
+        let topk = topk(&layout, &mut rng);
+        plant_peaks(&layout, &topk, &mut q, 16, &k, NUM_KV_HEADS, seed);
         Self {
             layout,
             q,
@@ -120,11 +146,15 @@ fn forward_equals_dense_attention_under_the_selection_mask() {
         Case::new(odd_documents(), random, 3),
         Case::new(long_document(), random, 4),
         Case::new(long_document(), recent, 5),
+        Case::peaked(fragments(), random, 16),
+        Case::peaked(long_document(), recent, 17),
     ];
     for (i, case) in cases.iter().enumerate() {
         let fwd = forward(&case.inputs()).unwrap();
         let (out, lse) = case.dense();
-        let r = allclose(&fwd.out, &as_f32(&out), 2e-7, 1e-6);
+        // Peaked scores (|s| up to ~20) carry a tenfold larger f32 rounding into exp.
+        let atol = if i >= 6 { 2e-6 } else { 2e-7 };
+        let r = allclose(&fwd.out, &as_f32(&out), atol, 1e-6);
         assert!(r.passed(), "case {i} out: {r}");
         let r = allclose(&fwd.lse, &as_f32(&lse), 1e-6, 1e-6);
         assert!(r.passed(), "case {i} lse: {r}");
@@ -134,6 +164,15 @@ fn forward_equals_dense_attention_under_the_selection_mask() {
     let fwd = forward(&cases[1].inputs()).unwrap();
     let empty = fwd.lse.iter().filter(|l| **l == f32::NEG_INFINITY).count();
     assert!(empty >= 16, "{empty} empty (query, head) sets");
+    // Peaked inputs really are: MSA's inputs give LSE ≈ ln(keys) (below 8 for 2,048 keys), the
+    // planted keys lift most rows far above it.
+    let peaked = forward(&cases[7].inputs()).unwrap();
+    let high = peaked.lse.iter().filter(|l| **l > 10.0).count();
+    assert!(
+        high * 10 > peaked.lse.len() * 8,
+        "{high} of {}",
+        peaked.lse.len()
+    );
 }
 
 #[test]
@@ -143,6 +182,8 @@ fn backward_equals_dense_gradients() {
         Case::new(fragments(), random, 13),
         Case::new(odd_documents(), random, 14),
         Case::new(long_document(), recent, 15),
+        Case::peaked(fragments(), random, 18),
+        Case::peaked(long_document(), recent, 19),
     ];
     for (i, case) in cases.iter().enumerate() {
         let (out, lse) = case.dense();
