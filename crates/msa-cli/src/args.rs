@@ -80,7 +80,7 @@ impl InputsArg {
 /// The limits a check applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TolerancesArg {
-    /// MSA's own limits (contract §8).
+    /// MSA's own limits (docs/contract.md §7.1).
     Msa,
     /// Tenfold tighter, what the GPU suite uses.
     Strict,

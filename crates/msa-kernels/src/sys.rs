@@ -353,7 +353,7 @@ unsafe extern "C" {
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " The indexer_lse input of msa_kl_backward (MSA v1 §3.2: the index distribution over the\n attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],\n j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the\n attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts\n once (msa_ref::indexer::selection_lse). lse [4, T] f32 is written in full. One kernel, grid\n ceil(4 T / 8), 256 threads: one warp per (head, query). Deterministic; no workspace."]
+    #[doc = " The indexer_lse input of msa_kl_backward (docs/contract.md §3.2: the index distribution over the\n attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],\n j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the\n attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts\n once (msa_ref::indexer::selection_lse). lse [4, T] f32 is written in full. One kernel, grid\n ceil(4 T / 8), 256 threads: one warp per (head, query). Deterministic; no workspace."]
     pub fn msa_indexer_selection_lse(
         qi: *const u16,
         ki: *const u16,

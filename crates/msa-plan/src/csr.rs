@@ -1,4 +1,4 @@
-//! Key-block → query maps (contract §4.1, §4.3): the k2q CSR over fragment rows that the forward
+//! Key-block → query maps (docs/contract.md §4.1, §4.3): the k2q CSR over fragment rows that the forward
 //! and the NeMo-style backward walk, and the physical CSR over workspace blocks that the
 //! deterministic backward and the KL backward walk.
 //!

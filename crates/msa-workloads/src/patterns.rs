@@ -1,6 +1,6 @@
 //! Top-k selection generators for attention tests and benchmarks: MSA's `make_torch_topk`
 //! (`recent16`), the indexer's own choice, and the adversarial patterns of MSA's
-//! `topk_patterns.py` (contract §8).
+//! `topk_patterns.py` (docs/contract.md §6.4).
 //!
 //! For a query at document position p with local block L = p/128, every pattern emits exactly
 //! n = min(L+1, 16) valid entries — unique, causal (≤ L), the local block L last — then -1.

@@ -1,4 +1,4 @@
-/* Sparse attention kernels (MSA v1 §2, §5): forward, atomic backward main kernel, and the two
+/* Sparse attention kernels (docs/contract.md §2, §5): forward, atomic backward main kernel, and the two
  * kernels of the deterministic backward. Correct-first mma.sync (sm_80+) implementations; they run
  * on sm_80 and sm_90a alike.
  *

@@ -1,4 +1,4 @@
-/* Backward pre/postprocess family (nemo-kernels §5.3, §5.5; docs/design.md "Backward" steps 1
+/* Backward pre/postprocess family (docs/contract.md §5.4; docs/design.md "Backward" steps 1
  * and 4): the delta preprocess and the casts of the fp32 accumulators to the bf16 gradients.
  * Layouts (contiguous, row-major; bf16 as uint16_t bits): out, dout, dq [T, 64, 128];
  * dq_accum [T, 64, 128] fp32; delta [T, 64] fp32; dk_pool, dv_pool [W, 4, 128] fp32 with

@@ -1,4 +1,4 @@
-// Lightning indexer forward (contract §3.1), three deterministic launches:
+// Lightning indexer forward (docs/contract.md §3.1), three deterministic launches:
 //
 //   tiles  one CTA lays out the query tiles: 64 consecutive queries of one fragment, so that they
 //          share k_base and one index-key block in smem serves all of them and their 4 heads;

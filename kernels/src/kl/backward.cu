@@ -1,4 +1,4 @@
-// KL backward of the index branch (contract §3.2), KV-outer like MSA's own kernel and
+// KL backward of the index branch (docs/contract.md §3.2), KV-outer like MSA's own kernel and
 // deterministic without atomics.
 //
 // Why KV-outer: the teacher t(j) (16 heads x the block's keys per (query, group)) is the whole

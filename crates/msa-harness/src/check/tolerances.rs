@@ -1,4 +1,4 @@
-//! The MSA v1 test tolerances (contract §8) and one line of a check report.
+//! The MSA v1 test tolerances (docs/contract.md §7) and one line of a check report.
 
 use serde::Serialize;
 

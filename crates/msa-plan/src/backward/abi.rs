@@ -1,4 +1,4 @@
-//! Word layout of the backward task-build buffers (nemo-kernels §2.3, §5.2): the device kernels
+//! Word layout of the backward task-build buffers (docs/contract.md §5.2): the device kernels
 //! and [`super::task_build`] read and write exactly these positions.
 //!
 //! Fill convention (msa-rs, stricter than NeMo's uninitialized `torch.empty`): the caller sets

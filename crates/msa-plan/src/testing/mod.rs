@@ -1,5 +1,5 @@
 //! Random valid inputs for property tests, shared with other crates through the `testing`
-//! feature: layouts with documents and CP fragments (contract §2.2), lengths that are not
+//! feature: layouts with documents and CP fragments (docs/contract.md §2.2), lengths that are not
 //! multiples of 128 and single tokens, and valid top-k selections (unique causal blocks, `-1`
 //! padding in random slots).
 //!

@@ -121,7 +121,7 @@ fn ordered(x: f32) -> i64 {
 
 #[test]
 fn all_zero_inputs_pick_the_lowest_ids() {
-    // Contract §3.1: 2304 keys, all scores tie, the last query picks [0..14, 17].
+    // docs/contract.md §3.1: 2304 keys, all scores tie, the last query picks [0..14, 17].
     let layout = VarlenLayout::new(&[0, 2], &[0, 2304], None).unwrap();
     let zero = bf16::from_f32(0.0);
     let case = Case {

@@ -47,7 +47,7 @@ impl BackwardTensors<'_> {
     }
 }
 
-/// The task build's output buffers in NeMo's layout (nemo-kernels §5.2): `tables` =
+/// The task build's output buffers in NeMo's layout (docs/contract.md §5.2): `tables` =
 /// `task_meta [capacity, 4] | task_qrows [capacity, 8] | task_qpos [capacity, 8]`, `scratch`
 /// starts with `desc [8]`. `grid_launch` is the host-side CTA bound
 /// (`grid_launch_bound(capacity, num_sms)`).
