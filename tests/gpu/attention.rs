@@ -8,12 +8,22 @@ use msa_harness::check::{against_reference, compare, CheckReport, Sample, Tolera
 use msa_harness::io::CallInputs;
 use msa_plan::topology::TOPK_BLOCKS;
 use msa_plan::VarlenLayout;
-use msa_workloads::Inputs;
+use msa_workloads::{InputMode, Inputs};
 
 use crate::harness;
 
 fn case(layout: &VarlenLayout, topk: Vec<i32>, seed: u64) -> CallInputs {
-    CallInputs::generated(layout.clone(), Inputs::generate(layout, seed), topk)
+    case_in(layout, topk, seed, InputMode::Msa)
+}
+
+/// A case with inputs drawn under `mode` (peaked inputs plant their maximum-score keys for
+/// `topk`).
+pub fn case_in(layout: &VarlenLayout, topk: Vec<i32>, seed: u64, mode: InputMode) -> CallInputs {
+    let mut inputs = Inputs::generate_in(layout, seed, mode);
+    if mode == InputMode::Peaked {
+        inputs.plant_peaks(layout, &topk, seed);
+    }
+    CallInputs::generated(layout.clone(), inputs, topk)
 }
 
 /// Sparse elements up to which a case is checked in full (the CPU reference of larger random
@@ -35,26 +45,41 @@ fn full_check(name: &str, cuda: &Backend, p: &CallInputs, opts: &RunOptions) -> 
 }
 
 /// Every edge layout under every selection of the harness (recent, random with -1 holes, the
-/// verification patterns) with the atomic backward, and under the first three with the
-/// deterministic one; full reference check (sampled for the largest random layouts).
+/// verification patterns) with the atomic backward on MSA's input protocol, and under the first
+/// three with the deterministic one and with peaked inputs (atomic); full reference check
+/// (sampled for the largest random layouts).
 #[test]
 fn attention_matches_the_reference_on_edge_layouts() {
     let cuda = Backend::Cuda(harness::open_device());
     let mut failed = Vec::new();
     for (i, group) in harness::edge_selection_groups().enumerate() {
         for (s, (sel_name, topk)) in group.selections.into_iter().enumerate() {
-            for deterministic in [false, true].into_iter().filter(|&d| !d || s < 3) {
+            let variants = [
+                (false, InputMode::Msa),
+                (true, InputMode::Msa),
+                (false, InputMode::Peaked),
+            ];
+            for (deterministic, mode) in variants
+                .into_iter()
+                .filter(|&(d, m)| s < 3 || (!d && m == InputMode::Msa))
+            {
                 let opts = RunOptions {
                     deterministic,
                     indexer: true,
                     kl: true,
+                    loss_coeff: harness::LOSS_COEFF,
                     ..RunOptions::default()
                 };
-                let p = case(&group.layout, topk.clone(), 0xA77E + i as u64);
+                let p = case_in(&group.layout, topk.clone(), 0xA77E + i as u64, mode);
                 let name = format!(
-                    "{}/{sel_name}/{}",
+                    "{}/{sel_name}/{}{}",
                     group.name,
-                    if deterministic { "det" } else { "atomic" }
+                    if deterministic { "det" } else { "atomic" },
+                    if mode == InputMode::Peaked {
+                        "/peaked"
+                    } else {
+                        ""
+                    }
                 );
                 let report = full_check(&name, &cuda, &p, &opts);
                 if !report.passed() {
@@ -133,6 +158,7 @@ fn deterministic_runs_are_bitwise_equal() {
                 deterministic: true,
                 indexer: true,
                 kl: true,
+                loss_coeff: harness::LOSS_COEFF,
                 ..RunOptions::default()
             };
             let a = cuda.run(&p, &det).unwrap().outputs;
@@ -221,6 +247,7 @@ fn sanitizer_small() {
             deterministic,
             indexer: true,
             kl: true,
+            loss_coeff: harness::LOSS_COEFF,
             ..RunOptions::default()
         };
         r.extend(full_check("sanitizer_small", &cuda, &p, &opts));
