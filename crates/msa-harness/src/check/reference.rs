@@ -77,6 +77,7 @@ pub fn against_reference(
         tol.lse_atol,
         tol.lse_rtol,
     ));
+    r.push(structure::lse_rows(l, &p.topk_indices, lse));
 
     if let (Some(dout), Some(dq), Some(dk), Some(dv)) = (&p.dout, &got.dq, &got.dk, &got.dv) {
         let attended = structure::attended_keys(l, &p.topk_indices);
@@ -90,6 +91,7 @@ pub fn against_reference(
                 |i| !attended[i / HEAD_DIM],
             ));
         }
+        r.push(structure::dv_sums(l, &p.topk_indices, dout, dv));
         let (ref_dq, ref_dk, ref_dv) = if full {
             let gr = attention::backward(&inputs, dout, out, lse)?;
             (gr.dq, gr.dk, gr.dv)
