@@ -11,5 +11,6 @@
 #include "msa/pre_post.h"
 #include "msa/indexer.h"
 #include "msa/kl.h"
+#include "msa/reference.h"
 
 #endif /* MSA_KERNELS_H */

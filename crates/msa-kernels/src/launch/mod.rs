@@ -16,5 +16,6 @@ pub mod indexer;
 pub mod kl;
 pub mod pre_post;
 pub mod prepare;
+pub mod reference;
 pub mod task_build;
 pub mod util;

@@ -6,7 +6,8 @@
 //! [`CudaMsa::forward`] and [`CudaMsa::backward`] (`attention.rs`), the backward's pieces
 //! [`CudaMsa::task_build`] (`task_build.rs`) and `backward_*_into` (`pre_post.rs`),
 //! [`CudaMsa::indexer_forward`] and [`CudaMsa::selection_lse`] (`indexer.rs`), and
-//! [`CudaMsa::kl_backward`] (`kl.rs`).
+//! [`CudaMsa::kl_backward`] (`kl.rs`). `reference.rs` holds the naive fp32 GPU references,
+//! test oracles for the GPU suite ([`CudaMsa::reference_forward`] and its siblings).
 
 mod attention;
 mod attention_bwd;
@@ -16,6 +17,7 @@ mod kl;
 mod layout;
 mod pre_post;
 mod prepare;
+mod reference;
 mod task_build;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ pub use attention::{BackwardOptions, DeviceForward, DeviceGrads};
 pub use kl::KlInputs;
 pub use layout::DeviceLayout;
 pub use prepare::Metadata;
+pub use reference::{ReferenceForward, ReferenceGrads};
 pub use task_build::{DeviceSchedule, DeviceTaskTables};
 
 /// A bit pattern written over outputs before a run when poisoning is on, so an element a
