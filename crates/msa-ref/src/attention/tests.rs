@@ -442,3 +442,128 @@ fn malformed_inputs_are_rejected() {
         "key rows 390..401 is out of range (limit 400)"
     );
 }
+
+mod oracle_cross_check {
+    //! The reference against the independent f64 oracle (msa-oracle) over random layouts whose
+    //! documents are longer than 2,048 tokens (more than 16 blocks: selections really leave
+    //! blocks out) and random selections holding every entry the contract ignores (-1, other
+    //! negatives, future blocks, ids past the document, repeats), on MSA's and on peaked inputs.
+
+    use msa_oracle::{dense_forward, dense_gradients, Problem};
+    use msa_plan::testing::{layout_from_documents, messy_topk, DocumentFragments};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::indexer::{selection_lse, IndexerInputs};
+    use crate::kl::kl_backward;
+    use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS};
+
+    /// One document of 2,049 to 4,200 tokens held as one or two fragments of at most 10
+    /// queries each, anywhere in the document.
+    fn long_document() -> impl Strategy<Value = DocumentFragments> {
+        (2049usize..=4200).prop_flat_map(|len| {
+            prop::collection::vec((1..=len, 1usize..=10), 1..=2).prop_map(move |mut cuts| {
+                cuts.sort_unstable();
+                let mut frags: DocumentFragments = Vec::new();
+                for (end, n) in cuts {
+                    let prev = frags.last().map_or(0, |f| f.1);
+                    let begin = end.saturating_sub(n).max(prev);
+                    if begin < end {
+                        frags.push((begin, end));
+                    }
+                }
+                frags
+            })
+        })
+    }
+
+    /// One or two long documents, the second sometimes a short one.
+    fn layouts() -> impl Strategy<Value = VarlenLayout> {
+        let short = (1usize..=300).prop_map(|len| vec![(len.saturating_sub(6), len)]);
+        (
+            long_document(),
+            prop_oneof![long_document(), short],
+            any::<bool>(),
+        )
+            .prop_map(|(a, b, two)| {
+                let docs = if two { vec![a, b] } else { vec![a] };
+                layout_from_documents(&docs, true)
+            })
+    }
+
+    fn max_ratio(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64 {
+        got.iter()
+            .zip(want)
+            .map(|(&g, &w)| {
+                if g as f64 == w {
+                    0.0
+                } else {
+                    (g as f64 - w).abs() / (atol + rtol * w.abs())
+                }
+            })
+            .fold(0.0, f64::max)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_reference_agrees_with_the_oracle(l in layouts(), seed in any::<u64>(), peaked in any::<bool>()) {
+            let topk = move |l: &VarlenLayout, _: &mut SplitMix64| messy_topk(l, seed);
+            let case = if peaked { Case::peaked(l, topk, seed) } else { Case::new(l, topk, seed) };
+            let mut rng = SplitMix64::new(seed ^ 0x5EED);
+            let (t, tk) = (case.layout.total_q(), case.layout.total_k());
+            let qi = bf16s(&mut rng, t * NUM_INDEX_HEADS * INDEX_DIM, 0.2);
+            let ki = bf16s(&mut rng, tk * INDEX_DIM, 0.2);
+            let prob = Problem { index: Some((&qi, &ki)), ..case.problem() };
+
+            // Forward: every query and head.
+            let fwd = forward(&case.inputs()).unwrap();
+            let (out, lse) = dense_forward(&prob);
+            prop_assert!(max_ratio(&fwd.out, &out, 2e-6, 1e-5) <= 1.0);
+            prop_assert!(max_ratio(&fwd.lse, &lse, 1e-5, 1e-6) <= 1.0);
+
+            // Backward with the oracle's exact statistics: f32 accumulation is the difference.
+            let dout = to_f64(&case.dout);
+            let delta: Vec<f32> = out
+                .chunks_exact(D)
+                .zip(dout.chunks_exact(D))
+                .map(|(o, d)| o.iter().zip(d).map(|(a, b)| a * b).sum::<f64>() as f32)
+                .collect();
+            let got = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
+            let want = dense_gradients(&prob);
+            for (name, g, w) in [("dq", &got.dq, &want[0]), ("dk", &got.dk, &want[1]), ("dv", &got.dv, &want[2])] {
+                let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+                let r = allclose(g, &as_f32(w), 1e-5 * scale, 1e-4);
+                prop_assert!(r.passed(), "{}: {}", name, r);
+            }
+
+            // KL: dQI against the oracle's exact row, dKI against its independent row given the
+            // LSEs the reference takes; dz is rounded to bf16 on both sides.
+            let ii = IndexerInputs { layout: &case.layout, qi: &qi, ki: &ki };
+            let all: Vec<usize> = (0..t).collect();
+            let ilse = selection_lse(&ii, &case.topk, &all).unwrap();
+            let kl_inputs = AttentionInputs { v: &case.k, ..case.inputs() };
+            let g = kl_backward(&kl_inputs, &fwd.lse, &qi, &ki, &ilse, 1.7).unwrap();
+            let dqi: Vec<f64> = (0..t)
+                .flat_map(|q| (0..NUM_INDEX_HEADS).map(move |h| (q, h)))
+                .flat_map(|(q, h)| prob.kl_dqi_row(q, h, 1.7))
+                .collect();
+            let dki: Vec<f64> = (0..tk)
+                .flat_map(|r| {
+                    prob.kl_dki_row(
+                        r,
+                        1.7,
+                        |q, h| fwd.lse[q * NUM_Q_HEADS + h] as f64,
+                        |h, q| ilse[h * t + q] as f64,
+                    )
+                })
+                .collect();
+            for (name, got, want) in [("dqi", &g.dqi, dqi), ("dki", &g.dki, dki)] {
+                let want = as_f32(&want);
+                let l2 = crate::compare::l2_rel(got, &want);
+                prop_assert!(l2 < 2e-3, "{} l2_rel {}", name, l2);
+            }
+        }
+    }
+}
