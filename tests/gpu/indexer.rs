@@ -196,8 +196,8 @@ fn indexer_matches_the_reference_on_edge_layouts() {
 
 #[test]
 fn indexer_ties_pick_the_smallest_ids() {
-    // docs/contract.md §3.1: with all-zero inputs every block scores 0 and the ties go to the smaller
-    // id; 2304 keys (18 blocks, the last one's queries pick [0..14, 17]), plus fragments.
+    // docs/contract.md §3.1: with all-zero inputs every block scores 0 and the ties go to the
+    // smaller id; 2304 keys (18 blocks, the last one's queries pick [0..14, 17]), plus fragments.
     let msa = harness::device();
     let layouts = [
         (

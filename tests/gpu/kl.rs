@@ -1,9 +1,10 @@
-//! The KL backward on the device against the CPU reference (docs/contract.md §7.1, "KL"): given the same
-//! inputs (the teacher LSE of the reference attention forward, and the indexer LSE over the
-//! attention's own token sets, `msa_ref::indexer::selection_lse`, as docs/contract.md §3.2 requires), dqi and dki
-//! have cosine > 0.99 with the reference, are finite, are exactly zero for keys in no token set
-//! and for (query, group) pairs with an empty selection, and a second call is bitwise equal.
-//! Selections come from `prepare` on the device (validated), as in the public call order.
+//! The KL backward on the device against the CPU reference (docs/contract.md §7.1, "KL"): given the
+//! same inputs (the teacher LSE of the reference attention forward, and the indexer LSE over the
+//! attention's own token sets, `msa_ref::indexer::selection_lse`, as docs/contract.md §3.2
+//! requires), dqi and dki have cosine > 0.99 with the reference, are finite, are exactly zero for
+//! keys in no token set and for (query, group) pairs with an empty selection, and a second call is
+//! bitwise equal. Selections come from `prepare` on the device (validated), as in the public call
+//! order.
 
 use std::sync::Arc;
 

@@ -6,11 +6,11 @@
 //! q and k with std [`PEAKED_STD`] (scores of std ≈ 2.25) and add [`PEAK_WEIGHT`]·k[r*] to the
 //! queries of each (query, group), which lifts the score of one key r* by about 12.7 (the other
 //! scores then have a std of about 2.5): r* is the maximum-score key of about 97% of the
-//! (query, head) rows of a 2,048-key set and carries most of their probability mass. r* sits in the *latest selected block below the
-//! query's own block* (the own block when nothing else is selected), so a kernel that walks the
-//! blocks in ascending order meets the maximum late, and one that starts at the diagonal block
-//! (FlashAttention's order) meets it second: either way the running maximum jumps and the
-//! accumulator must be rescaled.
+//! (query, head) rows of a 2,048-key set and carries most of their probability mass. r* sits in the
+//! *latest selected block below the query's own block* (the own block when nothing else is
+//! selected), so a kernel that walks the blocks in ascending order meets the maximum late, and one
+//! that starts at the diagonal block (FlashAttention's order) meets it second: either way the
+//! running maximum jumps and the accumulator must be rescaled.
 
 use crate::layout::VarlenLayout;
 use crate::topology::{BLOCK_SIZE, TOPK_BLOCKS};

@@ -1,11 +1,11 @@
 //! Validation of `topk_indices` (int32 `[4, T, 16]`, head-major) against a [`VarlenLayout`].
 //!
 //! MSA's kernels trust their selection: an out-of-range id would index past a fragment's keys, a
-//! future block is only partly masked and a duplicate is double-counted (docs/contract.md §2.3). So every
-//! entry is checked before any work. The rule is per slot and the first offending slot (smallest
-//! linear index `(head·T + q)·16 + slot`) is reported; the device validation kernel of `prepare`
-//! applies the same rule and writes the same `(code, head, query, slot)` word, so GPU tests compare
-//! the two exactly. The codes below are that ABI.
+//! future block is only partly masked and a duplicate is double-counted (docs/contract.md §2.3). So
+//! every entry is checked before any work. The rule is per slot and the first offending slot
+//! (smallest linear index `(head·T + q)·16 + slot`) is reported; the device validation kernel of
+//! `prepare` applies the same rule and writes the same `(code, head, query, slot)` word, so GPU
+//! tests compare the two exactly. The codes below are that ABI.
 
 use crate::error::{PlanError, Result};
 use crate::layout::VarlenLayout;

@@ -40,8 +40,8 @@ pub const INPUT_SCALE: f64 = 0.2;
 pub const DOUT_SCALE: f64 = 0.1;
 
 /// The seed of one rank case: `1_000_003·case_id + 101·rank + 10_007·seed` (wrapping u64),
-/// after the MSA test-suite formula (`1_000_003·item + 10_007·case + 101·rank + salt`, docs/contract.md
-/// §6.4), with `seed` a free salt for independent draws of the same case.
+/// after the MSA test-suite formula (`1_000_003·item + 10_007·case + 101·rank + salt`,
+/// docs/contract.md §6.4), with `seed` a free salt for independent draws of the same case.
 pub fn case_seed(case_id: u64, rank: usize, seed: u64) -> u64 {
     1_000_003u64
         .wrapping_mul(case_id)

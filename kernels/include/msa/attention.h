@@ -1,6 +1,6 @@
-/* Sparse attention kernels (docs/contract.md §2, §5): forward, atomic backward main kernel, and the two
- * kernels of the deterministic backward. Correct-first mma.sync (sm_80+) implementations; they run
- * on sm_80 and sm_90a alike.
+/* Sparse attention kernels (docs/contract.md §2, §5): forward, atomic backward main kernel, and the
+ * two kernels of the deterministic backward. Correct-first mma.sync (sm_80+) implementations; they
+ * run on sm_80 and sm_90a alike.
  *
  * Fixed shapes: 64 query heads, 4 KV groups (head h reads group h / 16), head_dim 128, key
  * blocks of 128, top-k 16, softmax_scale = 128^-0.5. Layouts (contiguous, row-major; bf16 as

@@ -1,6 +1,6 @@
 /* Prepare family: the device-built metadata of one top-k selection (docs/design.md "Device data
- * of one call"; docs/contract.md §4.1-§4.3). One launcher enqueues the whole pipeline on a stream with no
- * host synchronization, so it can be captured in a CUDA graph; every output equals the host
+ * of one call"; docs/contract.md §4.1-§4.3). One launcher enqueues the whole pipeline on a stream
+ * with no host synchronization, so it can be captured in a CUDA graph; every output equals the host
  * planner's table word for word (msa_plan::topk, csr, schedule), which the GPU suite checks.
  *
  * Construction is deterministic: counts use commutative atomics only, every order comes from a

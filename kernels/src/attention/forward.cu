@@ -1,5 +1,5 @@
-// Sparse attention forward, query-outer (docs/contract.md §2.4): one CTA per (8 queries, KV group), one
-// warp per query, a single-pass fp32 online softmax over the query's selected blocks. Each K/V
+// Sparse attention forward, query-outer (docs/contract.md §2.4): one CTA per (8 queries, KV group),
+// one warp per query, a single-pass fp32 online softmax over the query's selected blocks. Each K/V
 // block of the CTA's union is loaded once; masking is only needed where the query sees fewer than
 // 128 keys of the block (its local block, or a short last block of the document).
 #include <cstdint>

@@ -1,4 +1,5 @@
-// MSA v1 shape constants shared by the attention kernels (docs/contract.md §1.1: the public API fixes them).
+// MSA v1 shape constants shared by the attention kernels (docs/contract.md §1.1: the public API
+// fixes them).
 #pragma once
 
 namespace msa {

@@ -44,8 +44,8 @@ pub fn attended_keys(layout: &VarlenLayout, topk: &[i32]) -> Vec<bool> {
     attended
 }
 
-/// Indexer selection rules (docs/contract.md §3.1): per (head, query) exactly min(p/128+1, 16) valid
-/// entries first, then -1; all distinct and causal; the local block last.
+/// Indexer selection rules (docs/contract.md §3.1): per (head, query) exactly min(p/128+1, 16)
+/// valid entries first, then -1; all distinct and causal; the local block last.
 pub fn indexer_selection(layout: &VarlenLayout, topk: &[i32]) -> CheckLine {
     let t = layout.total_q();
     let mut bad = 0usize;

@@ -12,8 +12,8 @@ use super::{CudaMsa, DeviceLayout, Metadata};
 use crate::error::Result;
 
 impl CudaMsa {
-    /// The indexer forward (docs/contract.md §3.1) of `qi` `[T, 4, 128]` against the shared index keys
-    /// `ki` `[Tk, 1, 128]` (bf16): `(topk, lse)` with `topk` `[4, T, 16]` i32 (per head and
+    /// The indexer forward (docs/contract.md §3.1) of `qi` `[T, 4, 128]` against the shared index
+    /// keys `ki` `[Tk, 1, 128]` (bf16): `(topk, lse)` with `topk` `[4, T, 16]` i32 (per head and
     /// query the top min(15, p/128) non-local blocks by (score desc, id asc), then the local block,
     /// then -1) and `lse` `[4, T]` f32 (natural-log LSE of `qi·ki/√128` over the selected visible
     /// keys). Deterministic: repeated calls are bitwise equal.

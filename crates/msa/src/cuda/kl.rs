@@ -38,9 +38,9 @@ impl KlInputs<'_> {
 }
 
 impl CudaMsa {
-    /// The KL backward (docs/contract.md §3.2) of the selection `metadata` was built from: `(dqi, dki)`,
-    /// bf16 `[T, 4, 128]` and `[Tk, 1, 128]`, every element written (keys in no token set get
-    /// exact zeros). Deterministic: repeated calls are bitwise equal. `metadata` must have been
+    /// The KL backward (docs/contract.md §3.2) of the selection `metadata` was built from: `(dqi,
+    /// dki)`, bf16 `[T, 4, 128]` and `[Tk, 1, 128]`, every element written (keys in no token set
+    /// get exact zeros). Deterministic: repeated calls are bitwise equal. `metadata` must have been
     /// validated ([`CudaMsa::prepare`], or [`Metadata::check`] after `prepare_unchecked`).
     pub fn kl_backward(
         &self,
