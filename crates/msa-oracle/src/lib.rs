@@ -133,16 +133,19 @@ impl<T: Value> Problem<'_, T> {
         (out, m + l.ln())
     }
 
-    /// dQ[t, h, :] in f64 (delta from the f64 O).
+    /// dQ[t, h, :] in f64 (LSE and delta from the f64 O).
     pub fn dq_row(&self, t: usize, h: usize) -> Vec<f64> {
+        let (lse, delta) = self.row_stats(t, h);
+        self.dq_row_given(t, h, lse, delta)
+    }
+
+    /// dQ[t, h, :] in f64 with the (LSE, delta) the backward is given: a backend's backward
+    /// takes delta from its *bf16* forward output (docs/contract.md §2.4), and on peaked
+    /// softmaxes dP − delta cancels so far that this rounding alone moves dQ by ~1% against the
+    /// exact delta; a check of a backend's dQ gives it the backend's statistics.
+    pub fn dq_row_given(&self, t: usize, h: usize, lse: f64, delta: f64) -> Vec<f64> {
         let dout = self.dout.expect("dq_row needs dout");
         let g = h / HEADS_PER_GROUP;
-        let (o, lse) = self.attention_row(t, h);
-        let delta: f64 = o
-            .iter()
-            .zip(row(dout, t, NUM_Q_HEADS, h))
-            .map(|(a, b)| a * b)
-            .sum();
         let mut dq = vec![0f64; HEAD_DIM];
         for r in self.token_set(t, g) {
             let s = self.score(t, h, r);
