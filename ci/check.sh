@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # msa-rs CI on a host without a GPU (2 cores, 90 min budget): formatting, lints, the README test
 # command, the bindings check, a compile-only build of every kernel for every architecture, and
-# lints + a link of the `msa` feature build (build.rs compiles the kernels with nvcc), and the
-# dependency rule of the library crate `msa`.
+# lints + a link of the `msa` feature build (build.rs compiles the kernels with nvcc), the kernel
+# layer's GPU-free tests, and the dependency rule of the library crate `msa`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -89,5 +89,8 @@ step "clippy (--features msa)" \
 # content-addressed object cache (target/msa-kernels-cache) that the clippy step filled.
 step "link (--features msa)" \
     cargo test -p msa-kernels -p msa -p msa-harness -p msa-cli -p msa-tests --features msa --no-run
+# The kernel layer's tests need no GPU (the linked architectures, CUDA's error strings from the
+# static cudart): run them, not only link them.
+step "kernel-layer tests (--features msa, no GPU)" cargo test -p msa-kernels --features msa
 
 printf '\nCI passed in %d s\n' $((SECONDS - ci_start))

@@ -11,5 +11,6 @@
 #include "msa/task_build.h"
 #include "msa/indexer.h"
 #include "msa/kl.h"
+#include "msa/reference.h"
 
 #endif /* MSA_KERNELS_H */

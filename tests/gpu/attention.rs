@@ -8,12 +8,22 @@ use msa_harness::check::{against_reference, compare, CheckReport, Sample, Tolera
 use msa_harness::io::CallInputs;
 use msa_plan::topology::TOPK_BLOCKS;
 use msa_plan::VarlenLayout;
-use msa_workloads::Inputs;
+use msa_workloads::{InputMode, Inputs};
 
 use crate::harness;
 
 fn case(layout: &VarlenLayout, topk: Vec<i32>, seed: u64) -> CallInputs {
-    CallInputs::generated(layout.clone(), Inputs::generate(layout, seed), topk)
+    case_in(layout, topk, seed, InputMode::Msa)
+}
+
+/// A case with inputs drawn under `mode` (peaked inputs plant their maximum-score keys for
+/// `topk`).
+pub fn case_in(layout: &VarlenLayout, topk: Vec<i32>, seed: u64, mode: InputMode) -> CallInputs {
+    let mut inputs = Inputs::generate_in(layout, seed, mode);
+    if mode == InputMode::Peaked {
+        inputs.plant_peaks(layout, &topk, seed);
+    }
+    CallInputs::generated(layout.clone(), inputs, topk)
 }
 
 /// Sparse elements up to which a case is checked in full (the CPU reference of larger random
@@ -35,28 +45,44 @@ fn full_check(name: &str, cuda: &Backend, p: &CallInputs, opts: &RunOptions) -> 
 }
 
 /// Every edge layout under every selection of the harness (recent, random with -1 holes, the
-/// verification patterns) with the atomic backward, and under the first three with the
-/// deterministic one; full reference check (sampled for the largest random layouts). On Hopper
-/// both kernel sets run: the sm_90a kernels and the mma.sync ones they replace.
+/// verification patterns) with the atomic backward on MSA's input protocol, and under the first
+/// three with the deterministic one and with peaked inputs (atomic); full reference check
+/// (sampled for the largest random layouts). On Hopper the sm_90a kernels take every variant
+/// and the mma.sync kernels they replace the atomic one on MSA's inputs.
 #[test]
 fn attention_matches_the_reference_on_edge_layouts() {
     let mut failed = Vec::new();
     for (kernels, handle) in harness::kernel_sets() {
         let cuda = Backend::Cuda(handle);
+        let reference_path = kernels == "sm80" && harness::kernel_sets().len() > 1;
         for (i, group) in harness::edge_selection_groups().enumerate() {
             for (s, (sel_name, topk)) in group.selections.into_iter().enumerate() {
-                for deterministic in [false, true].into_iter().filter(|&d| !d || s < 3) {
+                let variants = [
+                    (false, InputMode::Msa),
+                    (true, InputMode::Msa),
+                    (false, InputMode::Peaked),
+                ];
+                for (deterministic, mode) in variants.into_iter().filter(|&(d, m)| {
+                    let first = !d && m == InputMode::Msa;
+                    first || (s < 3 && !reference_path)
+                }) {
                     let opts = RunOptions {
                         deterministic,
                         indexer: true,
                         kl: true,
+                        loss_coeff: harness::LOSS_COEFF,
                         ..RunOptions::default()
                     };
-                    let p = case(&group.layout, topk.clone(), 0xA77E + i as u64);
+                    let p = case_in(&group.layout, topk.clone(), 0xA77E + i as u64, mode);
                     let name = format!(
-                        "{}/{sel_name}/{}/{kernels}",
+                        "{}/{sel_name}/{}{}/{kernels}",
                         group.name,
-                        if deterministic { "det" } else { "atomic" }
+                        if deterministic { "det" } else { "atomic" },
+                        if mode == InputMode::Peaked {
+                            "/peaked"
+                        } else {
+                            ""
+                        }
                     );
                     let report = full_check(&name, &cuda, &p, &opts);
                     if !report.passed() {
@@ -136,6 +162,7 @@ fn deterministic_runs_are_bitwise_equal() {
                 deterministic: true,
                 indexer: true,
                 kl: true,
+                loss_coeff: harness::LOSS_COEFF,
                 ..RunOptions::default()
             };
             let a = cuda.run(&p, &det).unwrap().outputs;
@@ -191,6 +218,12 @@ fn deterministic_runs_are_bitwise_equal() {
                 ("dv_atomic", &atomic.dv, &a.dv),
             ] {
                 r.push(compare::cosine(name, &f(x), &f(y), 0.9999));
+                r.push(compare::l2_rel(
+                    name,
+                    &f(x),
+                    &f(y),
+                    Tolerances::strict().grad_l2_rel,
+                ));
             }
             harness::record(
                 "determinism",
@@ -218,6 +251,7 @@ fn sanitizer_small() {
             deterministic,
             indexer: true,
             kl: true,
+            loss_coeff: harness::LOSS_COEFF,
             ..RunOptions::default()
         };
         r.extend(full_check("sanitizer_small", &cuda, &p, &opts));

@@ -1,6 +1,6 @@
 //! The indexer family on the device against the CPU reference.
 //!
-//! The forward (contract §8, "indexer"): the selection is well formed
+//! The forward (docs/contract.md §7.1, "indexer"): the selection is well formed
 //! (`structure::indexer_selection`), every selected non-local block scores at least the
 //! reference's 15th best minus MSA's slack, the LSE matches the reference LSE of the device's own
 //! selection, and a second call is bitwise equal. On all-zero inputs every score ties, so the
@@ -8,7 +8,7 @@
 //! edge layouts (fragments, documents that are not multiples of 128, single tokens, T below one
 //! block) and real dev cases at full scale.
 //!
-//! The selection LSE (the KL backward's `indexer_lse`, contract §3.2): equal to
+//! The selection LSE (the KL backward's `indexer_lse`, docs/contract.md §3.2): equal to
 //! `msa_ref::indexer::selection_lse` of the same selection on the edge layouts, `-inf` for empty
 //! token sets, and a second call is bitwise equal.
 
@@ -196,8 +196,8 @@ fn indexer_matches_the_reference_on_edge_layouts() {
 
 #[test]
 fn indexer_ties_pick_the_smallest_ids() {
-    // Contract §3.1: with all-zero inputs every block scores 0 and the ties go to the smaller
-    // id; 2304 keys (18 blocks, the last one's queries pick [0..14, 17]), plus fragments.
+    // docs/contract.md §3.1: with all-zero inputs every block scores 0 and the ties go to the
+    // smaller id; 2304 keys (18 blocks, the last one's queries pick [0..14, 17]), plus fragments.
     let msa = harness::device();
     let layouts = [
         (

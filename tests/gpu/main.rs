@@ -11,4 +11,5 @@ mod kl;
 mod pre_post;
 mod prepare;
 mod real_cases;
+mod reference;
 mod task_build;

@@ -1,20 +1,32 @@
-//! Every development case (a real CP16 rank of each pack) under every verification pattern:
-//! the whole call (prepare, forward, backward, indexer, KL) on the GPU against the CPU
-//! reference on a sample of queries and key blocks, plus full-tensor checks that need no
-//! reference (no poisoned element left, exact zeros for keys nobody selected, selection rules).
+//! Every development case (a real CP16 rank of each pack) under every verification pattern: the
+//! whole call (prepare, forward, backward, indexer, KL with loss coefficient 1.7) on the GPU,
+//! checked three ways:
+//! - against the naive fp32 GPU reference (`CudaMsa::reference_*`) on EVERY element of O, LSE,
+//!   dQ, dK, dV, dQI and dKI (`check::against_full`), with the full-tensor checks that need no
+//!   reference (no poisoned element left, exact zeros for keys nobody selected, LSE rows finite
+//!   unless the set is empty, Σ dV of a group equal to its Σ dO);
+//! - against the CPU reference on a sample of queries and key blocks (`against_reference`),
+//!   which also checks the indexer's selection rules, ranking and LSE;
+//! - on MSA's input protocol and on peaked inputs (docs/contract.md §7.3).
 //!
-//! `MSA_REAL_CASES=a..b` limits the sweep to manifest entries a..b (to split it across runs).
+//! `MSA_REAL_CASES=a..b` limits the sweep to manifest entries a..b (to split it across runs);
+//! `MSA_REAL_INPUTS` picks the input modes (`msa`, `peaked`, default both; peaked runs use the
+//! patterns of [`PEAKED_PATTERNS`] unless `MSA_REAL_PEAKED_PATTERNS=all`); `MSA_REAL_FULL=0`
+//! skips the GPU-reference comparison (the sampled check stays).
 
-use msa_harness::backend::{Backend, RunOptions};
+use msa_harness::backend::{gpu_reference, Backend, RunOptions};
 use msa_harness::cases;
-use msa_harness::check::{against_reference, Sample, Tolerances};
-use msa_workloads::{Pattern, DEV_MANIFEST};
+use msa_harness::check::{against_full, against_reference, CheckReport, Sample, Tolerances};
+use msa_workloads::{InputMode, Pattern, DEV_MANIFEST};
 
 use crate::harness;
 
 /// Queries and key blocks per group in each sampled check.
 const SAMPLE_QUERIES: usize = 48;
 const SAMPLE_BLOCKS: usize = 2;
+
+/// The patterns peaked inputs run under by default: MSA's own and a scattered one.
+const PEAKED_PATTERNS: [Pattern; 2] = [Pattern::Recent16, Pattern::Random];
 
 fn range(len: usize) -> std::ops::Range<usize> {
     let Ok(spec) = std::env::var("MSA_REAL_CASES") else {
@@ -24,9 +36,36 @@ fn range(len: usize) -> std::ops::Range<usize> {
     a.parse().unwrap()..b.parse::<usize>().unwrap().min(len)
 }
 
+fn modes() -> Vec<InputMode> {
+    let spec = std::env::var("MSA_REAL_INPUTS").unwrap_or_else(|_| "msa,peaked".into());
+    spec.split(',')
+        .map(|m| match m.trim() {
+            "msa" => InputMode::Msa,
+            "peaked" => InputMode::Peaked,
+            other => panic!("MSA_REAL_INPUTS: unknown input mode `{other}` (msa, peaked)"),
+        })
+        .collect()
+}
+
+/// The patterns of one input mode. Peaked inputs plant their keys for the selection, so the
+/// `indexer` pattern (the GPU indexer's selection of the same inputs) has no peaked form.
+fn patterns(mode: InputMode) -> Vec<Pattern> {
+    let all = std::env::var("MSA_REAL_PEAKED_PATTERNS").is_ok_and(|v| v == "all");
+    match mode {
+        InputMode::Peaked if !all => PEAKED_PATTERNS.to_vec(),
+        InputMode::Peaked => Pattern::verification_set()
+            .into_iter()
+            .filter(|&p| p != Pattern::Indexer)
+            .collect(),
+        InputMode::Msa => Pattern::verification_set().to_vec(),
+    }
+}
+
 #[test]
 fn real_cases_every_pattern() {
+    let device = harness::device();
     let cuda = Backend::Cuda(harness::open_device());
+    let full = std::env::var("MSA_REAL_FULL").map_or(true, |v| v != "0");
     let listed = cases::manifest(DEV_MANIFEST.as_ref()).expect("dev manifest");
     let tol = Tolerances::strict();
     let opts = RunOptions {
@@ -34,40 +73,64 @@ fn real_cases_every_pattern() {
         indexer: true,
         kl: true,
         deterministic: false,
-        loss_coeff: 1.0,
+        loss_coeff: harness::LOSS_COEFF,
     };
     let mut failures = Vec::new();
     let mut runs = 0;
     for case in &listed[range(listed.len())] {
         let rank = (case.case_id % 16) as usize;
         let rc = cases::rank_case(&listed, case.case_id, rank).expect("rank case");
-        let mut p = cases::build(&rc, Pattern::Recent16, 0);
-        for pattern in Pattern::verification_set() {
-            // The indexer pattern takes its selection from the GPU indexer itself (MSA's own
-            // flow); the indexer's rules, ranking and LSE are checked with the rest.
-            p.topk_indices = match pattern {
-                Pattern::Indexer => harness::gpu_indexer_selection(&p),
-                _ => cases::selection(&rc, pattern, 0),
-            };
-            let name = format!("case{}/r{rank}/{pattern}", case.case_id);
-            let result = cuda
-                .run(&p, &opts)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let sample = Sample::new(&p.layout, SAMPLE_QUERIES, SAMPLE_BLOCKS, case.case_id);
-            let kl = result.kl_indexer_lse.as_deref().map(|l| (l, 1.0));
-            let report =
-                against_reference(&p, &result.outputs, &sample, &tol, kl).expect("reference");
-            let times: Vec<_> = result
-                .times
-                .iter()
-                .map(|t| serde_json::json!({"stage": t.stage, "ms": t.ms}))
-                .collect();
-            if !report.passed() {
-                failures.push(name.clone());
+        for mode in modes() {
+            let mut p = cases::build_in(&rc, Pattern::Recent16, 0, mode);
+            for pattern in patterns(mode) {
+                if mode == InputMode::Peaked && pattern != Pattern::Recent16 {
+                    p = cases::build_in(&rc, pattern, 0, mode);
+                }
+                // The indexer pattern takes its selection from the GPU indexer itself (MSA's own
+                // flow); the indexer's rules, ranking and LSE are checked with the rest. Peaked
+                // inputs plant their keys for the selection, so they are built per pattern.
+                match (pattern, mode) {
+                    (Pattern::Indexer, _) => p.topk_indices = harness::gpu_indexer_selection(&p),
+                    (_, InputMode::Msa) => p.topk_indices = cases::selection(&rc, pattern, 0),
+                    (_, InputMode::Peaked) => {}
+                }
+                let name = match mode {
+                    InputMode::Msa => format!("case{}/r{rank}/{pattern}", case.case_id),
+                    _ => format!("case{}/r{rank}/{pattern}/{mode}", case.case_id),
+                };
+                let result = cuda
+                    .run(&p, &opts)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let sample = Sample::new(&p.layout, SAMPLE_QUERIES, SAMPLE_BLOCKS, case.case_id);
+                let kl = result
+                    .kl_indexer_lse
+                    .as_deref()
+                    .map(|l| (l, harness::LOSS_COEFF));
+                let mut report =
+                    against_reference(&p, &result.outputs, &sample, &tol, kl).expect("reference");
+                if full {
+                    let want = gpu_reference(device, &p, &result.outputs, kl)
+                        .unwrap_or_else(|e| panic!("{name}: GPU reference: {e}"));
+                    let all = against_full(&p, &result.outputs, &want, &tol).expect("full check");
+                    report.extend(prefixed("full", all));
+                }
+                let times: Vec<_> = result
+                    .times
+                    .iter()
+                    .map(|t| serde_json::json!({"stage": t.stage, "ms": t.ms}))
+                    .collect();
+                if !report.passed() {
+                    failures.push(name.clone());
+                }
+                runs += 1;
+                let extra = serde_json::json!({
+                    "times": times, "T": p.layout.total_q(), "Tk": p.layout.total_k(),
+                    "fragments": p.layout.batch(), "inputs": mode.name(),
+                    "coverage": if full { "full+sampled" } else { "sampled" },
+                    "sampled_queries": sample.queries.len(),
+                });
+                harness::record_soft("real_cases", &name, &report, extra);
             }
-            runs += 1;
-            let extra = serde_json::json!({"times": times, "T": p.layout.total_q(), "Tk": p.layout.total_k(), "fragments": p.layout.batch()});
-            harness::record_soft("real_cases", &name, &report, extra);
         }
     }
     assert!(
@@ -75,4 +138,13 @@ fn real_cases_every_pattern() {
         "{} of {runs} runs failed: {failures:?}",
         failures.len()
     );
+}
+
+/// `report` with every tensor name prefixed (`full/out`), so the full-tensor lines stand apart
+/// from the sampled ones.
+fn prefixed(prefix: &str, mut report: CheckReport) -> CheckReport {
+    for l in &mut report.lines {
+        l.tensor = format!("{prefix}/{}", l.tensor);
+    }
+    report
 }

@@ -6,6 +6,7 @@ use clap::ValueEnum;
 use msa_harness::backend::Backend;
 use msa_harness::check::{Coverage, Tolerances};
 use msa_harness::Result;
+use msa_workloads::InputMode;
 
 /// Where a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -57,10 +58,29 @@ impl CheckArg {
     }
 }
 
+/// How a case's inputs are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InputsArg {
+    /// MSA's protocol: q, k, v, qi, ki ~ N(0, 0.2²), dout ~ N(0, 0.1²) (nearly uniform softmax).
+    Msa,
+    /// q, k, qi, ki ~ N(0, 1.5²) and a planted maximum-score key per (query, group) in a late
+    /// selected block: a peaked softmax that a kernel without the online-softmax rescale fails.
+    Peaked,
+}
+
+impl InputsArg {
+    pub fn mode(self) -> InputMode {
+        match self {
+            Self::Msa => InputMode::Msa,
+            Self::Peaked => InputMode::Peaked,
+        }
+    }
+}
+
 /// The limits a check applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TolerancesArg {
-    /// MSA's own limits (contract §8).
+    /// MSA's own limits (docs/contract.md §7.1).
     Msa,
     /// Tenfold tighter, what the GPU suite uses.
     Strict,

@@ -12,8 +12,9 @@ use msa_harness::check::{plan_for, CheckReport};
 use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
 use msa_plan::flops::FlopModel;
+use msa_workloads::InputMode;
 
-use crate::args::{BackendArg, CheckArg, TolerancesArg};
+use crate::args::{BackendArg, CheckArg, InputsArg, TolerancesArg};
 use crate::json::{self, JsonLines};
 use crate::select::CaseArgs;
 
@@ -33,18 +34,23 @@ pub struct Args {
     /// Bitwise-repeatable backward.
     #[arg(long)]
     pub deterministic: bool,
-    /// How much of the outputs a GPU run's reference check covers (the CPU backend gets the f64
-    /// oracle's spot check unless `none`).
+    /// How much of the outputs a GPU run's reference check covers. The CPU backend is the
+    /// reference: it gets the f64 oracle's check on a sample (`auto`, `sample`), and `full` is
+    /// refused for it.
     #[arg(long, value_enum, default_value_t = CheckArg::Auto)]
     pub check: CheckArg,
-    /// Queries in a sampled check against the reference.
-    #[arg(long, default_value_t = 256)]
-    pub sample_queries: usize,
+    /// Queries in a sampled check: against the reference on the GPU (default 256), against the
+    /// f64 oracle on the CPU (default 12).
+    #[arg(long)]
+    pub sample_queries: Option<usize>,
     #[arg(long, default_value_t = 1.0)]
     pub loss_coeff: f32,
     /// The limits of every check.
     #[arg(long, value_enum, default_value_t = TolerancesArg::Msa)]
     pub tolerances: TolerancesArg,
+    /// How inputs are drawn, comma separated; each case runs under each.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "msa")]
+    pub inputs: Vec<InputsArg>,
     /// Write every result (checks, times, FLOPs) as JSON lines here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -77,28 +83,41 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
         loss_coeff: a.loss_coeff,
     };
     let mut json = JsonLines::create(a.json.as_deref(), a.force)?;
-    let specs = &selection.specs;
+    let runs: Vec<_> = selection
+        .specs
+        .iter()
+        .flat_map(|spec| a.inputs.iter().map(move |inputs| (spec, inputs.mode())))
+        .collect();
     let mut failed = 0;
-    for spec in specs {
+    for &(spec, mode) in &runs {
         let t0 = Instant::now();
-        eprintln!("{}: building inputs ...", spec.name());
+        // MSA's protocol keeps the case's plain name; other inputs are named after it.
+        let name = match mode {
+            InputMode::Msa => spec.name(),
+            _ => format!("{}/{mode}", spec.name()),
+        };
+        eprintln!("{name}: building inputs ...");
         let rank =
             cases::rank_case_within(&selection.listed, spec.case_id, spec.rank, Work::Run, limit)?;
-        let p = cases::build(&rank, spec.pattern, spec.seed);
-        eprintln!("{}: running on {} ...", spec.name(), backend.name());
+        let p = cases::build_in(&rank, spec.pattern, spec.seed, mode);
+        // Planned before the run: a check the backend cannot have fails before any work.
+        let plan = a
+            .check
+            .coverage()
+            .map(|coverage| plan_for(&backend, &p.layout, coverage, a.sample_queries, spec.seed))
+            .transpose()?;
+        eprintln!("{name}: running on {} ...", backend.name());
         let result = backend.run(&p, &opts)?;
-        let report = match a.check.coverage() {
+        let report = match plan {
             None => CheckReport::default(),
-            Some(coverage) => {
-                let plan = plan_for(&backend, &p.layout, coverage, a.sample_queries, spec.seed);
-                eprintln!("{}: checking ({}) ...", spec.name(), plan.describe());
+            Some(plan) => {
+                eprintln!("{name}: checking ({}) ...", plan.describe());
                 plan.check(&p, &result, &tol, a.loss_coeff)?
             }
         };
         let flops = FlopModel::for_layout(&p.layout);
         println!(
-            "{} on {}: {}",
-            spec.name(),
+            "{name} on {}: {}",
             backend.name(),
             if report.passed() { "PASS" } else { "FAIL" }
         );
@@ -114,14 +133,14 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
         failed += !report.passed() as usize;
         json.write(|| {
             serde_json::json!({
-                "case": spec.name(), "backend": backend.name(), "passed": report.passed(),
+                "case": name, "inputs": mode.name(), "backend": backend.name(), "passed": report.passed(),
                 "lines": report.lines, "times": result.times,
                 "flops": {"fwd": flops.fwd, "bwd": flops.bwd, "indexer": flops.indexer, "kl": flops.kl},
             })
         })?;
     }
-    if specs.len() > 1 {
-        println!("{} of {} cases passed", specs.len() - failed, specs.len());
+    if runs.len() > 1 {
+        println!("{} of {} cases passed", runs.len() - failed, runs.len());
     }
     Ok(if failed == 0 {
         ExitCode::SUCCESS

@@ -186,7 +186,8 @@ fn bench_names_a_bad_stage_and_needs_the_gpu() {
     assert_invalid_value(&o, "fwd", "--stages");
     assert!(
         stderr(&o).contains(
-            "[possible values: prepare, forward, backward, backward_det, indexer, selection_lse, kl]"
+            "[possible values: prepare, forward, backward, backward_det, indexer, selection_lse, kl, \
+             forward_sm80, backward_sm80]"
         ),
         "{}",
         stderr(&o)
@@ -353,7 +354,11 @@ fn help_lists_the_values_of_every_typed_flag() {
     }
     let o = msa(&["bench", "-h"]);
     expect_exit(&o, 0);
-    assert!(stdout(&o).contains("selection_lse, kl]"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("selection_lse, kl, forward_sm80, backward_sm80]"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 // ---- argument errors --------------------------------------------------------------------------

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use msa_plan::topology::BLOCK_SIZE;
 use msa_workloads::{
-    case_seed, load_manifest, make_topk, CpConfig, Inputs, Pattern, RankCase, RankSplit, RealCase,
+    case_seed, load_manifest, make_topk_in, CpConfig, InputMode, Inputs, Pattern, RankCase,
+    RankSplit, RealCase,
 };
 
 use crate::error::{HarnessError, Result};
@@ -95,16 +96,28 @@ pub fn rank_case_within(
     Ok(split.into_case()?)
 }
 
-/// Inputs (seeded by `case_seed(case, rank, seed)`) and the pattern's selection of one rank.
+/// Inputs (seeded by `case_seed(case, rank, seed)`, MSA's protocol) and the pattern's selection
+/// of one rank.
 pub fn build(rank: &RankCase, pattern: Pattern, seed: u64) -> CallInputs {
-    let layout = rank.layout().clone();
-    let inputs = Inputs::generate(&layout, case_seed(rank.case_id(), rank.rank(), seed));
-    CallInputs::generated(layout, inputs, selection(rank, pattern, seed))
+    build_in(rank, pattern, seed, InputMode::Msa)
 }
 
-/// The pattern's selection of [`build`]: swapping it into a built case gives what `build`
-/// would give for that pattern, without generating the inputs again.
+/// [`build`] with inputs drawn under `mode`; peaked inputs plant their maximum-score keys for
+/// the pattern's selection, so a case of another pattern must be built again (not swapped).
+pub fn build_in(rank: &RankCase, pattern: Pattern, seed: u64, mode: InputMode) -> CallInputs {
+    let layout = rank.layout().clone();
+    let s = case_seed(rank.case_id(), rank.rank(), seed);
+    let topk = make_topk_in(&layout, pattern, s, mode);
+    let mut inputs = Inputs::generate_in(&layout, s, mode);
+    if mode == InputMode::Peaked {
+        inputs.plant_peaks(&layout, &topk, s);
+    }
+    CallInputs::generated(layout, inputs, topk)
+}
+
+/// The pattern's selection of [`build`]: swapping it into a case built under MSA's protocol
+/// gives what `build` would give for that pattern, without generating the inputs again.
 pub fn selection(rank: &RankCase, pattern: Pattern, seed: u64) -> Vec<i32> {
     let s = case_seed(rank.case_id(), rank.rank(), seed);
-    make_topk(rank.layout(), pattern, s)
+    make_topk_in(rank.layout(), pattern, s, InputMode::Msa)
 }

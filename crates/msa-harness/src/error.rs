@@ -60,6 +60,10 @@ pub enum HarnessError {
         expected: usize,
     },
 
+    /// A check coverage the backend cannot have (see `check::plan_for`).
+    #[error("check coverage: {0}")]
+    CheckCoverage(&'static str),
+
     #[error("the two outputs share no tensor")]
     NothingToCompare,
 

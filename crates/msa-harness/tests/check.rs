@@ -6,7 +6,8 @@ use half::bf16;
 use msa_harness::backend::{Backend, RunOptions, RunResult};
 use msa_harness::check::oracle::Problem;
 use msa_harness::check::{
-    against_oracle, against_reference, compare, structure, CheckReport, Sample, Tolerances,
+    against_full, against_oracle, against_reference, compare, structure, CheckReport,
+    FullReference, Sample, Tolerances,
 };
 use msa_harness::io::CallInputs;
 use msa_harness::Stage;
@@ -376,14 +377,19 @@ fn cpu_backend_passes_the_reference_checks() {
         ("out", "non_finite"),
         ("out", "close_ratio"),
         ("lse", "close_ratio"),
+        ("lse", "bad_rows"),
         ("dq", "non_finite"),
         ("dk", "non_finite"),
         ("dv", "non_finite"),
         ("dk", "nonzero_unselected"),
         ("dv", "nonzero_unselected"),
+        ("dv", "sum_rel"),
         ("dq", "cosine"),
+        ("dq", "l2_rel"),
         ("dk", "cosine"),
+        ("dk", "l2_rel"),
         ("dv", "cosine"),
+        ("dv", "l2_rel"),
         ("indexer_topk", "malformed_rows"),
         ("indexer_topk", "rank_shortfall"),
         ("indexer_lse", "close_ratio"),
@@ -391,7 +397,9 @@ fn cpu_backend_passes_the_reference_checks() {
         ("dqi", "non_finite"),
         ("dki", "non_finite"),
         ("dqi", "cosine"),
+        ("dqi", "l2_rel"),
         ("dki", "cosine"),
+        ("dki", "l2_rel"),
     ];
     let full = full_report(o);
     let sampled = reference_report(o, &Sample::new(&p.layout, 24, 3, 11));
@@ -437,13 +445,19 @@ fn cpu_backend_passes_the_oracle_spot_checks() {
             ("out", "close_ratio"),
             ("lse", "close_ratio"),
             ("dq", "cosine"),
+            ("dq", "l2_rel"),
             ("dk", "cosine"),
+            ("dk", "l2_rel"),
             ("dv", "cosine"),
+            ("dv", "l2_rel"),
             ("indexer_topk", "malformed_rows"),
             ("indexer_topk", "rank_shortfall"),
             ("indexer_lse", "close_ratio"),
             ("kl_indexer_lse", "close_ratio"),
             ("dqi", "cosine"),
+            ("dqi", "l2_rel"),
+            ("dki", "cosine"),
+            ("dki", "l2_rel"),
         ]
     );
     // Key rows were actually compared (keys with too many queries are skipped).
@@ -501,7 +515,8 @@ fn a_nan_gradient_fails_dq() {
         failures(&r),
         [
             ("dq".to_string(), "non_finite"),
-            ("dq".to_string(), "cosine")
+            ("dq".to_string(), "cosine"),
+            ("dq".to_string(), "l2_rel")
         ],
         "{}",
         r.table()
@@ -528,9 +543,14 @@ fn a_gradient_on_an_unselected_key_fails_dk() {
     let r = corrupted(|o| {
         o.dk.as_mut().unwrap()[(row * NUM_KV_HEADS + g) * HEAD_DIM + 9] = bf16::from_f32(0.01)
     });
+    // The probe samples block 0 of document B, so the value also moves dk's relative L2 error
+    // (the unselected rows' expected gradient is exactly zero).
     assert_eq!(
         failures(&r),
-        [("dk".to_string(), "nonzero_unselected")],
+        [
+            ("dk".to_string(), "nonzero_unselected"),
+            ("dk".to_string(), "l2_rel")
+        ],
         "{}",
         r.table()
     );
@@ -645,11 +665,67 @@ fn shuffled_kl_gradients_fail_dqi() {
     });
     assert_eq!(
         failures(&r),
-        [("dqi".to_string(), "cosine")],
+        [("dqi".to_string(), "cosine"), ("dqi".to_string(), "l2_rel")],
         "{}",
         r.table()
     );
     assert!(line(&r, "dqi", "cosine").value < 0.5);
+}
+
+/// Every element of `tensor` multiplied by `factor`.
+fn scale(x: &mut Option<Vec<bf16>>, factor: f32) {
+    for v in x.as_mut().unwrap() {
+        *v = bf16::from_f32(v.to_f32() * factor);
+    }
+}
+
+#[test]
+fn a_gradient_of_the_wrong_scale_fails_l2_rel_though_its_cosine_passes() {
+    // What a kernel that drops or doubles a scale in dQ/dK/dV (or the KL) gives: the right
+    // direction, the wrong length. The cosine stays 1; the relative L2 error sees it, under
+    // MSA's set and the strict one, in the reference check and in the comparison of outputs.
+    type Pick = fn(&mut msa_harness::io::Outputs) -> &mut Option<Vec<bf16>>;
+    let cases: [(&str, Pick, f32); 5] = [
+        ("dq", |o| &mut o.dq, 1000.0),
+        ("dk", |o| &mut o.dk, 2.0),
+        ("dv", |o| &mut o.dv, 0.01),
+        ("dqi", |o| &mut o.dqi, 0.5),
+        ("dki", |o| &mut o.dki, 1000.0),
+    ];
+    let (_, base_run) = base();
+    for (tensor, pick, factor) in cases {
+        let mut got = base_run.outputs.clone();
+        scale(pick(&mut got), factor);
+        for tol in [Tolerances::default(), Tolerances::strict()] {
+            let (p, r) = base();
+            let kl = r.kl_indexer_lse.as_deref().map(|l| (l, LOSS_COEFF));
+            let reports = [
+                against_reference(p, &got, &probe_sample(), &tol, kl).unwrap(),
+                msa_harness::check::against_outputs(&got, &base_run.outputs, &tol).unwrap(),
+            ];
+            for (i, report) in reports.into_iter().enumerate() {
+                let l2 = line(&report, tensor, "l2_rel");
+                // The reference check's Σ dV invariant sees a scaled dv as well.
+                let mut want = vec![(tensor.to_string(), "l2_rel")];
+                if tensor == "dv" && i == 0 {
+                    want.insert(0, ("dv".to_string(), "sum_rel"));
+                }
+                assert_eq!(
+                    failures(&report),
+                    want,
+                    "{tensor} x {factor}\n{}",
+                    report.table()
+                );
+                assert!(
+                    (l2.value - (factor as f64 - 1.0).abs()).abs()
+                        < 0.05 * (factor as f64 - 1.0).abs() + 1e-2,
+                    "{tensor} x {factor}: l2_rel {}",
+                    l2.value
+                );
+                assert!(line(&report, tensor, "cosine").passed, "{}", report.table());
+            }
+        }
+    }
 }
 
 #[test]
@@ -663,13 +739,16 @@ fn a_wrong_kl_index_lse_fails_both_checks() {
     let tol = Tolerances::default();
     let reference = against_reference(p, &r.outputs, &probe_sample(), &tol, kl).unwrap();
     let oracle = against_oracle(p, &r.outputs, &probe_sample(), &tol, kl);
-    for report in [&reference, &oracle] {
-        assert_eq!(
-            failures(report),
-            [("kl_indexer_lse".to_string(), "close_ratio")],
-            "{}",
-            report.table()
-        );
+    // The reference's dQI of that query then follows the wrong LSE: its cosine stays above
+    // MSA's limit, its relative L2 error does not. The oracle recomputes the LSE for dQI (and
+    // the key rows its dKI check sums over do not hold query 49).
+    for (report, grads) in [(&reference, vec![("dqi", "l2_rel")]), (&oracle, vec![])] {
+        let want: Vec<(String, &str)> = [("kl_indexer_lse", "close_ratio")]
+            .into_iter()
+            .chain(grads)
+            .map(|(t, m)| (t.to_string(), m))
+            .collect();
+        assert_eq!(failures(report), want, "{}", report.table());
         let l = line(report, "kl_indexer_lse", "close_ratio");
         assert!(
             l.detail.ends_with("1 of 36 over, worst at 20"),
@@ -677,6 +756,114 @@ fn a_wrong_kl_index_lse_fails_both_checks() {
             l.detail
         );
     }
+}
+
+#[test]
+fn the_full_tensor_invariants_catch_a_lost_contribution_and_a_wrong_empty_row() {
+    let (p, r) = base();
+    let l = &p.layout;
+    let dout = p.dout.as_deref().unwrap();
+    let good = &r.outputs;
+    assert!(structure::dv_sums(l, &p.topk_indices, dout, good.dv.as_ref().unwrap()).passed);
+    assert!(structure::lse_rows(l, &p.topk_indices, good.lse.as_ref().unwrap()).passed);
+    // One block of dV lost (a block a kernel forgot to write back), outside the probe sample:
+    // only the sum sees it (and the full check).
+    let g = 1;
+    let mut dv = good.dv.clone().unwrap();
+    for row in 1024..1152 {
+        dv[(row * NUM_KV_HEADS + g) * HEAD_DIM..][..HEAD_DIM].fill(bf16::ZERO);
+    }
+    let line = structure::dv_sums(l, &p.topk_indices, dout, &dv);
+    assert!(!line.passed, "{line:?}");
+    assert!(line.detail.contains("worst at group 1 "), "{line:?}");
+    // An empty selection that still gets a finite LSE, and a set that gets -inf.
+    let t = l.total_q();
+    let mut topk = p.topk_indices.clone();
+    topk[(2 * t + 7) * TOPK_BLOCKS..][..TOPK_BLOCKS].fill(-1); // group 2, query 7: empty now
+    let line = structure::lse_rows(l, &topk, good.lse.as_ref().unwrap());
+    assert_eq!((line.passed, line.value), (false, 16.0), "{line:?}");
+    let mut lse = good.lse.clone().unwrap();
+    lse[9 * NUM_Q_HEADS + 40] = f32::NEG_INFINITY;
+    let line = structure::lse_rows(l, &p.topk_indices, &lse);
+    assert_eq!((line.passed, line.value), (false, 1.0), "{line:?}");
+    assert!(
+        line.detail.starts_with("first at (query 9, head 40)"),
+        "{line:?}"
+    );
+}
+
+/// The CPU reference's complete f32 tensors of the base case, as a `FullReference`.
+fn full_reference() -> FullReference {
+    let (p, r) = base();
+    let inputs = AttentionInputs {
+        layout: &p.layout,
+        q: &p.q,
+        k: &p.k,
+        v: &p.v,
+        topk: &p.topk_indices,
+    };
+    let o = &r.outputs;
+    let fwd = attention::forward(&inputs).unwrap();
+    let g = attention::backward(
+        &inputs,
+        p.dout.as_deref().unwrap(),
+        o.out.as_ref().unwrap(),
+        o.lse.as_ref().unwrap(),
+    )
+    .unwrap();
+    let index = p.index.as_ref().unwrap();
+    let klg = kl::kl_backward(
+        &inputs,
+        o.lse.as_ref().unwrap(),
+        &index.qi,
+        &index.ki,
+        r.kl_indexer_lse.as_ref().unwrap(),
+        LOSS_COEFF,
+    )
+    .unwrap();
+    FullReference {
+        out: Some(fwd.out),
+        lse: Some(fwd.lse),
+        dq: Some(g.dq),
+        dk: Some(g.dk),
+        dv: Some(g.dv),
+        dqi: Some(klg.dqi),
+        dki: Some(klg.dki),
+    }
+}
+
+#[test]
+fn the_full_check_compares_every_element() {
+    let (p, r) = base();
+    let want = full_reference();
+    let tol = Tolerances::strict();
+    let report = against_full(p, &r.outputs, &want, &tol).unwrap();
+    assert!(report.passed(), "{}", report.table());
+    assert_eq!(
+        detail_count(line(&report, "dk", "cosine")),
+        p.layout.total_k() * KV_ROW
+    );
+    // One element far from every sampled query and key fails the full check only.
+    let mut got = r.outputs.clone();
+    add(&mut got.out.as_mut().unwrap()[120 * Q_ROW + 3], 0.25);
+    add(&mut got.dq.as_mut().unwrap()[121 * Q_ROW + 5], 5.0);
+    assert!(!probe_sample().queries.contains(&120) && !probe_sample().queries.contains(&121));
+    assert!(reference_report(&got, &probe_sample()).passed());
+    let report = against_full(p, &got, &want, &tol).unwrap();
+    assert_eq!(
+        failures(&report),
+        [
+            ("out".to_string(), "close_ratio"),
+            ("dq".to_string(), "cosine"),
+            ("dq".to_string(), "l2_rel")
+        ],
+        "{}",
+        report.table()
+    );
+    // A reference tensor the outputs lack is an error, not a pass.
+    let mut partial = r.outputs.clone();
+    partial.dki = None;
+    assert!(against_full(p, &partial, &want, &tol).is_err());
 }
 
 // ---- comparison primitives --------------------------------------------------------------------

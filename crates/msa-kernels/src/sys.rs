@@ -795,7 +795,7 @@ unsafe extern "C" {
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " The indexer_lse input of msa_kl_backward (MSA v1 §3.2: the index distribution over the\n attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],\n j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the\n attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts\n once (msa_ref::indexer::selection_lse). lse [4, T] f32 is written in full. One kernel, grid\n ceil(4 T / 8), 256 threads: one warp per (head, query). Deterministic; no workspace."]
+    #[doc = " The indexer_lse input of msa_kl_backward (docs/contract.md §3.2: the index distribution over the\n attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],\n j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the\n attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts\n once (msa_ref::indexer::selection_lse). lse [4, T] f32 is written in full. One kernel, grid\n ceil(4 T / 8), 256 threads: one warp per (head, query). Deterministic; no workspace."]
     pub fn msa_indexer_selection_lse(
         qi: *const u16,
         ki: *const u16,
@@ -811,6 +811,48 @@ unsafe extern "C" {
         params: *const MsaKlParams,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " out[t, h] = sum_{j in S} softmax(scale <q[t, h], k[j, g]>)_j v[j, g] and\n lse[t, h] = logsumexp_{j in S} scale <q[t, h], k[j, g]> (natural log), scale = 128^-0.5;\n out f32 [T, 64, 128], lse f32 [T, 64]. One CTA of 128 threads per (t, h)."]
+    pub fn msa_reference_attention_forward(
+        q: *const u16,
+        k: *const u16,
+        v: *const u16,
+        topk: *const i32,
+        varlen: MsaVarlen,
+        out: *mut f32,
+        lse: *mut f32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " Gradients of sum(dout * O) given the forward's bf16 `out` and its `lse` (as the kernels are\n given them): delta[t, h] = sum_d dout out, P = exp(s - lse), dS = P (dout . v_j - delta),\n dq = scale sum_j dS k_j, dk_j = scale sum_{(t, h): j in S} dS q, dv_j = sum P dout; f32\n outputs with the shapes of q, k, v. `delta` is f32 [T, 64] scratch. dq: one CTA per (t, h);\n dk/dv: one CTA per (physical block, group, 32 of the 128 dims), 128 threads (one per key),\n the block's K and V in 66 KB of dynamic shared memory. Keys in no token set get zeros."]
+    pub fn msa_reference_attention_backward(
+        q: *const u16,
+        k: *const u16,
+        v: *const u16,
+        topk: *const i32,
+        dout: *const u16,
+        out: *const u16,
+        lse: *const f32,
+        varlen: MsaVarlen,
+        delta: *mut f32,
+        dq: *mut f32,
+        dk: *mut f32,
+        dv: *mut f32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " The KL backward of the index branch (docs/contract.md §3.2): on S,\n teacher(j) = (1/16) sum_{h in g} exp(scale <q[t, h], k[j, g]> - teacher_lse[t, h]),\n student(j) = exp(scale <qi[t, g], ki[j]> - indexer_lse[g, t]), dz = bf16(student - teacher),\n dqi[t, g] = grad_scale sum_j dz ki[j], dki[j] = grad_scale sum_{(t, g): j in S} dz qi[t, g],\n grad_scale = scale * loss_coeff / (4 * max(T, 1)); f32 dqi [T, 4, 128], dki [Tk, 1, 128].\n dqi: one CTA per (t, g); dki: one CTA per (physical block, 32 dims), 66 KB of dynamic shared\n memory."]
+    pub fn msa_reference_kl_backward(
+        q: *const u16,
+        k: *const u16,
+        teacher_lse: *const f32,
+        qi: *const u16,
+        ki: *const u16,
+        indexer_lse: *const f32,
+        topk: *const i32,
+        varlen: MsaVarlen,
+        loss_coeff: f32,
+        dqi: *mut f32,
+        dki: *mut f32,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
 }

@@ -1,5 +1,5 @@
-//! Key-block → query maps (contract §4.1, §4.3): the k2q CSR over fragment rows that the forward
-//! and the NeMo-style backward walk, and the physical CSR over workspace blocks that the
+//! Key-block → query maps (docs/contract.md §4.1, §4.3): the k2q CSR over fragment rows that the
+//! forward and the NeMo-style backward walk, and the physical CSR over workspace blocks that the
 //! deterministic backward and the KL backward walk.
 //!
 //! Both are built by a stable counting sort over queries in packed order, so the queries of a row

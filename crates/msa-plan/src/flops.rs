@@ -1,4 +1,5 @@
-//! MSA's FLOP model (contract §6.1), used to report the benchmark's TFLOP/s exactly as MSA does.
+//! MSA's FLOP model (docs/contract.md §6.1), used to report the benchmark's TFLOP/s exactly as MSA
+//! does.
 //!
 //! `S` (sparse elements) counts, per query, 15 full blocks plus its partial local block, capped
 //! by the causal count — the same for any valid selection that keeps the local block and fills

@@ -1,4 +1,4 @@
-//! Packed varlen layout with context-parallel fragments (MSA v1 §2.2).
+//! Packed varlen layout with context-parallel fragments (docs/contract.md §2.1, §2.2).
 //!
 //! A batch entry is a *fragment*: a run of one document's queries. Its queries are the
 //! bottom-right-aligned suffix of its K range, which starts at the document's first fragment

@@ -19,6 +19,7 @@ pub mod error;
 pub mod flops;
 pub mod layout;
 pub mod packed;
+pub mod peak;
 pub mod schedule;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -1,5 +1,5 @@
 //! NeMo's packed microbatch layout from a document-id map (`MSAMicrobatch.from_document_map`,
-//! nemo-kernels §3.2), and `pack`/`unpack` of row-major `[batch·seq, width]` tensors.
+//! docs/contract.md §5.5), and `pack`/`unpack` of row-major `[batch·seq, width]` tensors.
 //!
 //! A `[batch, seq]` map gives each token a document id (0 = padding). Every maximal run of one
 //! positive id inside a batch row is one document, ordered by flat position; its tokens are packed

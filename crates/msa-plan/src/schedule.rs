@@ -1,4 +1,4 @@
-//! MSA's forward work list (nemo-kernels §4.1, contract §4.2): every non-empty k2q row is cut
+//! MSA's forward work list (docs/contract.md §4.2): every non-empty k2q row is cut
 //! into chunks of `target_q_per_cta` queries, one CTA each.
 //!
 //! The chunk size is always a multiple of 8 (one 128-row MMA tile folds 8 queries × 16 heads), so

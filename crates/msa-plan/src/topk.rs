@@ -1,11 +1,12 @@
 //! Validation of `topk_indices` (int32 `[4, T, 16]`, head-major) against a [`VarlenLayout`].
 //!
 //! MSA's kernels trust their selection: an out-of-range id would index past a fragment's keys, a
-//! future block is only partly masked and a duplicate is double-counted (contract §2.1). So every
-//! entry is checked before any work. The rule is per slot and the first offending slot (smallest
-//! linear index `(head·T + q)·16 + slot`) is reported; the device validation kernel of `prepare`
-//! applies the same rule and writes the same `(code, head, query, slot)` word, so GPU tests compare
-//! the two exactly. The codes below are that ABI (`MSA_TOPK_*` of `kernels/include/msa/abi.h`).
+//! future block is only partly masked and a duplicate is double-counted (docs/contract.md §2.3). So
+//! every entry is checked before any work. The rule is per slot and the first offending slot
+//! (smallest linear index `(head·T + q)·16 + slot`) is reported; the device validation kernel of
+//! `prepare` applies the same rule and writes the same `(code, head, query, slot)` word, so GPU
+//! tests compare the two exactly. The codes below are that ABI (`MSA_TOPK_*` of
+//! `kernels/include/msa/abi.h`).
 
 use crate::error::{PlanError, Result};
 use crate::layout::VarlenLayout;
@@ -153,6 +154,27 @@ pub fn validate_topk(layout: &VarlenLayout, topk: &[i32]) -> Result<()> {
         value: fault.value,
         reason,
     })
+}
+
+/// MSA's test pattern (`make_torch_topk`, the workloads' `recent16`): per (head, query) the
+/// `min(own+1, 16)` most recent blocks in ascending order, the local block last, then `-1`; the
+/// same for every head. Valid for every layout.
+pub fn recent_topk(layout: &VarlenLayout) -> Vec<i32> {
+    let t = layout.total_q();
+    let mut topk = vec![TOPK_PADDING; NUM_INDEX_HEADS * t * TOPK_BLOCKS];
+    for f in layout.fragments() {
+        for i in 0..f.q_len {
+            let own = f.position(i) / BLOCK_SIZE;
+            let lo = (own + 1).saturating_sub(TOPK_BLOCKS);
+            for h in 0..NUM_INDEX_HEADS {
+                let row = &mut topk[(h * t + f.q_start + i) * TOPK_BLOCKS..][..TOPK_BLOCKS];
+                for (slot, b) in row.iter_mut().zip(lo..=own) {
+                    *slot = b as i32;
+                }
+            }
+        }
+    }
+    topk
 }
 
 #[cfg(test)]

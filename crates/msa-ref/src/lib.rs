@@ -1,4 +1,4 @@
-//! Exact CPU reference of the MSA v1 training contract (`shared/spec/msa-v1-contract.md`
+//! Exact CPU reference of the MSA v1 training contract (docs/contract.md
 //! §2-§3): sparse attention forward and backward, the lightning indexer, the KL backward, and
 //! the metrics every GPU check uses.
 //!

@@ -1,4 +1,4 @@
-//! Token sets of the contract (§2.1) and their inverse.
+//! Token sets of the contract (docs/contract.md §2.3) and their inverse.
 //!
 //! The token set of (query q, group g) is `{j : j/128 ∈ topk[g,q,:], j ≤ p}` inside the
 //! fragment's K range. Entries outside `[0, num_blocks)` are ignored and the entries are a set;

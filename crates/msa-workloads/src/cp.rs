@@ -1,5 +1,6 @@
 //! The context-parallel split of one global pack into the kernel inputs of each rank, exactly as
-//! MSA's `datas/training/cases.py` (`magi_minheap_partitions`, `make_rank_case`; contract §6.4).
+//! MSA's `datas/training/cases.py` (`magi_minheap_partitions`, `make_rank_case`; docs/contract.md
+//! §6.3).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -11,9 +11,17 @@
 //!   [0, 1)), giving `r·cos(2πu2)` and then `r·sin(2πu2)`, `r = sqrt(−2 ln u1)`; the value times
 //!   the scale is rounded once, f64 → bf16, to nearest even. `ln`/`cos`/`sin` come from the
 //!   platform's libm; a last-ulp difference there changes a bf16 value with probability ~2^-44.
+//! - Input modes ([`InputMode`]): MSA's protocol, or peaked inputs (the same streams at the
+//!   scale [`msa_plan::peak::PEAKED_STD`] for q, k, qi and ki, then a planted maximum-score key
+//!   per (query, group): [`Inputs::plant_peaks`]).
+
+use std::fmt;
 
 use half::bf16;
-use msa_plan::topology::{HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS};
+use msa_plan::peak::{peak_key, PEAKED_STD, PEAK_WEIGHT};
+use msa_plan::topology::{
+    HEADS_PER_GROUP, HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS,
+};
 use msa_plan::VarlenLayout;
 use rayon::prelude::*;
 
@@ -23,6 +31,8 @@ const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 const TENSOR_DOMAIN: u64 = 1;
 /// First element of every selection-pattern stream path.
 pub(crate) const PATTERN_DOMAIN: u64 = 2;
+/// First element of the stream path that picks each planted key of peaked inputs.
+const PEAK_DOMAIN: u64 = 3;
 
 /// Std of q, k, v, qi and ki (MSA: N(0,1)·0.2).
 pub const INPUT_SCALE: f64 = 0.2;
@@ -30,8 +40,8 @@ pub const INPUT_SCALE: f64 = 0.2;
 pub const DOUT_SCALE: f64 = 0.1;
 
 /// The seed of one rank case: `1_000_003·case_id + 101·rank + 10_007·seed` (wrapping u64),
-/// after the MSA test-suite formula (`1_000_003·item + 10_007·case + 101·rank + salt`, contract
-/// §8), with `seed` a free salt for independent draws of the same case.
+/// after the MSA test-suite formula (`1_000_003·item + 10_007·case + 101·rank + salt`,
+/// docs/contract.md §6.4), with `seed` a free salt for independent draws of the same case.
 pub fn case_seed(case_id: u64, rank: usize, seed: u64) -> u64 {
     1_000_003u64
         .wrapping_mul(case_id)
@@ -116,6 +126,37 @@ impl Rng {
     }
 }
 
+/// How a call's inputs are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum InputMode {
+    /// MSA's protocol: q, k, v, qi, ki ~ N(0, 0.2²), dout ~ N(0, 0.1²). Scores have a std of
+    /// about 0.04, so every softmax is nearly uniform.
+    #[default]
+    Msa,
+    /// Peaked softmax: q, k, qi, ki ~ N(0, 1.5²) (v and dout as MSA's), then one planted
+    /// maximum-score key per (query, group) in a late selected block
+    /// ([`msa_plan::peak`]): what a kernel that forgets the online-softmax rescale, or reads
+    /// the wrong group or block, cannot pass.
+    Peaked,
+}
+
+impl InputMode {
+    pub const ALL: [InputMode; 2] = [InputMode::Msa, InputMode::Peaked];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            InputMode::Msa => "msa",
+            InputMode::Peaked => "peaked",
+        }
+    }
+}
+
+impl fmt::Display for InputMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The generated tensors; the discriminant is part of each stream path, so it never changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tensor {
@@ -140,18 +181,29 @@ impl Tensor {
         }
     }
 
+    /// The std of MSA's protocol.
     pub fn scale(self) -> f64 {
-        if self == Tensor::Dout {
-            DOUT_SCALE
-        } else {
-            INPUT_SCALE
+        self.scale_in(InputMode::Msa)
+    }
+
+    /// The std under `mode`.
+    pub fn scale_in(self, mode: InputMode) -> f64 {
+        match (self, mode) {
+            (Tensor::Dout, _) => DOUT_SCALE,
+            (Tensor::V, _) | (_, InputMode::Msa) => INPUT_SCALE,
+            (_, InputMode::Peaked) => PEAKED_STD,
         }
     }
 
     /// N(0,1)·scale in bf16, row-major; row r is the stream `[1, tensor, r]` under `seed`.
     pub fn generate(self, layout: &VarlenLayout, seed: u64) -> Vec<bf16> {
+        self.generate_in(layout, seed, InputMode::Msa)
+    }
+
+    /// [`Tensor::generate`] at the scale of `mode` (the same streams).
+    pub fn generate_in(self, layout: &VarlenLayout, seed: u64, mode: InputMode) -> Vec<bf16> {
         let (rows, width) = self.shape(layout);
-        let scale = self.scale();
+        let scale = self.scale_in(mode);
         let mut out = vec![bf16::ZERO; rows * width];
         out.par_chunks_mut(width)
             .enumerate()
@@ -183,8 +235,15 @@ pub struct Inputs {
 }
 
 impl Inputs {
+    /// MSA's protocol.
     pub fn generate(layout: &VarlenLayout, seed: u64) -> Self {
-        let g = |t: Tensor| t.generate(layout, seed);
+        Self::generate_in(layout, seed, InputMode::Msa)
+    }
+
+    /// Every tensor at the scales of `mode`, nothing planted yet (peaked inputs then take
+    /// [`Inputs::plant_peaks`] for their selection).
+    pub fn generate_in(layout: &VarlenLayout, seed: u64, mode: InputMode) -> Self {
+        let g = |t: Tensor| t.generate_in(layout, seed, mode);
         Self {
             q: g(Tensor::Q),
             k: g(Tensor::K),
@@ -193,6 +252,50 @@ impl Inputs {
             qi: g(Tensor::Qi),
             ki: g(Tensor::Ki),
         }
+    }
+
+    /// Plant the peaks of [`InputMode::Peaked`] for `topk` (`[4, T, 16]`): for each query t and
+    /// group g with a non-empty token set, r* = [`peak_key`] (the pick drawn from the stream
+    /// `[3, t, g]` under `seed`); every q row of the group's 16 heads gets `PEAK_WEIGHT·k[r*, g]`
+    /// added and the index query qi[t, g] gets `PEAK_WEIGHT·ki[r*]`, in f64, rounded once to
+    /// bf16.
+    pub fn plant_peaks(&mut self, layout: &VarlenLayout, topk: &[i32], seed: u64) {
+        let t_total = layout.total_q();
+        let keys: Vec<Option<usize>> = (0..t_total * NUM_KV_HEADS)
+            .into_par_iter()
+            .map(|i| {
+                let (t, g) = (i / NUM_KV_HEADS, i % NUM_KV_HEADS);
+                let pick = Rng::stream(seed, &[PEAK_DOMAIN, t as u64, g as u64]).next_u64();
+                peak_key(layout, topk, t, g, pick)
+            })
+            .collect();
+        let add = |row: &mut [bf16], from: &[bf16]| {
+            for (x, y) in row.iter_mut().zip(from) {
+                *x = bf16::from_f64(x.to_f64() + PEAK_WEIGHT * y.to_f64());
+            }
+        };
+        let (k, ki) = (&self.k, &self.ki);
+        self.q
+            .par_chunks_mut(NUM_Q_HEADS * HEAD_DIM)
+            .enumerate()
+            .for_each(|(t, row)| {
+                for (h, head) in row.chunks_mut(HEAD_DIM).enumerate() {
+                    let g = h / HEADS_PER_GROUP;
+                    if let Some(r) = keys[t * NUM_KV_HEADS + g] {
+                        add(head, &k[(r * NUM_KV_HEADS + g) * HEAD_DIM..][..HEAD_DIM]);
+                    }
+                }
+            });
+        self.qi
+            .par_chunks_mut(NUM_INDEX_HEADS * INDEX_DIM)
+            .enumerate()
+            .for_each(|(t, row)| {
+                for (g, head) in row.chunks_mut(INDEX_DIM).enumerate() {
+                    if let Some(r) = keys[t * NUM_KV_HEADS + g] {
+                        add(head, &ki[r * INDEX_DIM..][..INDEX_DIM]);
+                    }
+                }
+            });
     }
 }
 
@@ -286,6 +389,81 @@ mod tests {
             );
         }
         assert_ne!(inp.k, inp.v, "tensors use distinct streams");
+    }
+
+    #[test]
+    fn peaked_inputs_plant_the_maximum_score_key_in_a_late_selected_block() {
+        use crate::patterns::{make_topk, Pattern};
+        use msa_plan::topology::{SOFTMAX_SCALE_F64, TOPK_BLOCKS};
+        // One 4,000-token document: queries see up to 32 blocks, 16 selected.
+        let layout = VarlenLayout::documents(&[0, 4000]).unwrap();
+        let msa = Inputs::generate(&layout, 7);
+        let base = Inputs::generate_in(&layout, 7, InputMode::Peaked);
+        assert_eq!(base.v, msa.v, "v keeps MSA's scale");
+        assert_eq!(base.dout, msa.dout, "dout keeps MSA's scale");
+        assert_ne!(base.q, msa.q);
+        for pattern in [Pattern::Recent16, Pattern::Random] {
+            let topk = make_topk(&layout, pattern, 7);
+            let mut p = base.clone();
+            p.plant_peaks(&layout, &topk, 7);
+            assert_eq!(
+                (p.k.clone(), p.ki.clone()),
+                (base.k.clone(), base.ki.clone())
+            );
+            let t = layout.total_q();
+            let score = |q: &[bf16], k: &[bf16], t: usize, h: usize, r: usize| {
+                let g = h / HEADS_PER_GROUP;
+                let qr = &q[(t * NUM_Q_HEADS + h) * HEAD_DIM..][..HEAD_DIM];
+                let kr = &k[(r * NUM_KV_HEADS + g) * HEAD_DIM..][..HEAD_DIM];
+                SOFTMAX_SCALE_F64
+                    * qr.iter()
+                        .zip(kr)
+                        .map(|(a, b)| a.to_f64() * b.to_f64())
+                        .sum::<f64>()
+            };
+            let (mut rows, mut argmax, mut late, mut spread) = (0, 0, 0, 0f64);
+            for q in (2048..t).step_by(97) {
+                for h in (0..NUM_Q_HEADS).step_by(5) {
+                    let g = h / HEADS_PER_GROUP;
+                    let sel = &topk[(g * t + q) * TOPK_BLOCKS..][..TOPK_BLOCKS];
+                    let keys: Vec<usize> = (0..=q)
+                        .filter(|j| sel.contains(&((j / 128) as i32)))
+                        .collect();
+                    let s: Vec<f64> = keys.iter().map(|&r| score(&p.q, &p.k, q, h, r)).collect();
+                    let best = keys[(0..s.len()).max_by(|&a, &b| s[a].total_cmp(&s[b])).unwrap()];
+                    let pick = Rng::stream(7, &[PEAK_DOMAIN, q as u64, g as u64]).next_u64();
+                    let planted = peak_key(&layout, &topk, q, g, pick).unwrap();
+                    rows += 1;
+                    argmax += usize::from(best == planted);
+                    // The latest selected block below the own one.
+                    let own = q / 128;
+                    let latest = sel
+                        .iter()
+                        .copied()
+                        .filter(|&e| e >= 0 && (e as usize) < own)
+                        .max()
+                        .unwrap();
+                    late += usize::from(planted / 128 == latest as usize);
+                    let msa_s: Vec<f64> = keys
+                        .iter()
+                        .map(|&r| score(&msa.q, &msa.k, q, h, r))
+                        .collect();
+                    let std = |x: &[f64]| {
+                        let m = x.iter().sum::<f64>() / x.len() as f64;
+                        (x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / x.len() as f64).sqrt()
+                    };
+                    spread += std(&s) / std(&msa_s) / 1.0;
+                }
+            }
+            assert_eq!(late, rows, "{pattern}");
+            assert!(
+                argmax * 100 >= 90 * rows,
+                "{pattern}: the planted key is the maximum in {argmax} of {rows} rows"
+            );
+            // Scores spread about 56 times wider than under MSA's protocol ((1.5 / 0.2)^2).
+            let spread = spread / rows as f64;
+            assert!(spread > 40.0, "{pattern}: {spread}");
+        }
     }
 
     #[test]

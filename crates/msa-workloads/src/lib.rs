@@ -12,6 +12,6 @@ pub use cp::{
     RankSplit,
 };
 pub use error::{Result, WorkloadError};
-pub use inputs::{case_seed, Inputs, Rng, Tensor};
+pub use inputs::{case_seed, InputMode, Inputs, Rng, Tensor};
 pub use manifest::{load_manifest, parse_manifest, Metrics, RealCase, DEV_MANIFEST};
-pub use patterns::{make_topk, Pattern, POOL_SIZES};
+pub use patterns::{make_topk, make_topk_in, Pattern, POOL_SIZES};

@@ -1,4 +1,4 @@
-//! Loader of MSA's real-case manifest (`cp16_192k_cases_v1.jsonl`, contract §6.3): one JSON
+//! Loader of MSA's real-case manifest (`cp16_192k_cases_v1.jsonl`, docs/contract.md §6.2): one JSON
 //! object per line with exactly the keys `case_id`, `cu_seqlens` and `metrics`. Like MSA's
 //! `_parse_real_case`, every metric is recomputed from `cu_seqlens` and must match.
 

@@ -1,6 +1,6 @@
 //! Top-k selection generators for attention tests and benchmarks: MSA's `make_torch_topk`
 //! (`recent16`), the indexer's own choice, and the adversarial patterns of MSA's
-//! `topk_patterns.py` (contract §8).
+//! `topk_patterns.py` (docs/contract.md §6.4).
 //!
 //! For a query at document position p with local block L = p/128, every pattern emits exactly
 //! n = min(L+1, 16) valid entries — unique, causal (≤ L), the local block L last — then -1.
@@ -17,7 +17,7 @@ use msa_ref::indexer::{self, IndexerInputs};
 use rayon::prelude::*;
 
 use crate::error::WorkloadError;
-use crate::inputs::{Rng, Tensor, PATTERN_DOMAIN};
+use crate::inputs::{InputMode, Rng, Tensor, PATTERN_DOMAIN};
 
 /// The pool sizes of `pool-N`.
 pub const POOL_SIZES: [usize; 5] = [16, 32, 64, 128, 256];
@@ -28,7 +28,8 @@ const SINK_SHARE: f64 = 0.99;
 /// A selection pattern (names as in `Display`/`FromStr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pattern {
-    /// `recent16`: the n most recent blocks L+1−n … L, ascending.
+    /// `recent16`: the n most recent blocks L+1−n … L, ascending
+    /// ([`msa_plan::topk::recent_topk`], the one copy of MSA's `make_torch_topk`).
     Recent16,
     /// `indexer`: `msa_ref::indexer::forward` on the seeded `qi`/`ki` of the same seed.
     Indexer,
@@ -121,9 +122,23 @@ impl FromStr for Pattern {
 /// stream `[2, tag, parameter, g]` under `seed` (query by query in packed order) and its pools
 /// from `[2, tag, parameter, g, f]` (f: the document's first fragment).
 pub fn make_topk(layout: &VarlenLayout, pattern: Pattern, seed: u64) -> Vec<i32> {
+    make_topk_in(layout, pattern, seed, InputMode::Msa)
+}
+
+/// [`make_topk`] for inputs drawn under `mode`: only `indexer` depends on it (the indexer runs
+/// on the qi/ki of that mode, before any peak is planted).
+pub fn make_topk_in(
+    layout: &VarlenLayout,
+    pattern: Pattern,
+    seed: u64,
+    mode: InputMode,
+) -> Vec<i32> {
+    if pattern == Pattern::Recent16 {
+        return msa_plan::topk::recent_topk(layout);
+    }
     if pattern == Pattern::Indexer {
-        let qi = Tensor::Qi.generate(layout, seed);
-        let ki = Tensor::Ki.generate(layout, seed);
+        let qi = Tensor::Qi.generate_in(layout, seed, mode);
+        let ki = Tensor::Ki.generate_in(layout, seed, mode);
         // The generated qi/ki always have the layout's sizes, the only thing forward checks.
         return indexer::forward(&IndexerInputs {
             layout,
@@ -160,7 +175,6 @@ fn fill_group(layout: &VarlenLayout, pattern: Pattern, seed: u64, g: u64, out: &
             let n = (local + 1).min(TOPK_BLOCKS);
             sel.clear();
             match pattern {
-                Pattern::Recent16 => hot_tail(0, local, n, &mut sel),
                 Pattern::Hot15Tail1 => hot_tail(15, local, n, &mut sel),
                 Pattern::Hot8Tail8 => hot_tail(8, local, n, &mut sel),
                 Pattern::Spread => sel.extend((0..n - 1).map(|k| k * local / (n - 1))),
@@ -171,13 +185,16 @@ fn fill_group(layout: &VarlenLayout, pattern: Pattern, seed: u64, g: u64, out: &
                         floyd(&mut rng, n - 2, local - 1, &mut scratch);
                         sel.extend(scratch.drain(..).map(|b| b + 1));
                     } else {
+                        // The recent16 rows.
                         hot_tail(0, local, n, &mut sel);
                     }
                 }
                 Pattern::Pool(_) => {
                     from_pool(&mut rng, &pools[f.first], local, n, &mut sel, &mut scratch)
                 }
-                Pattern::Indexer => unreachable!("the indexer pattern is computed by msa-ref"),
+                Pattern::Recent16 | Pattern::Indexer => {
+                    unreachable!("computed by msa_plan::topk and msa-ref")
+                }
             }
             sel.push(local);
             debug_assert_eq!(sel.len(), n);

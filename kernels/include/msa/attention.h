@@ -1,4 +1,4 @@
-/* Sparse attention kernels (MSA v1 §2, §5): the forward, the atomic backward main kernel, the two
+/* Sparse attention kernels (docs/contract.md §2, §5): the forward, the atomic backward main kernel, the two
  * kernels of the deterministic backward, the backward's pre- and postprocess, and the sm_90a
  * backward. The forward dispatches on the current device's SM version (read once per device):
  * on compute capability 9.0 the warp-specialized wgmma/TMA kernel (attention/forward_sm90.cuh)

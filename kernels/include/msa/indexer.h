@@ -1,4 +1,4 @@
-/* Lightning indexer forward (MSA v1 §1.4, §3.1). For index head g and query t at document
+/* Lightning indexer forward (docs/contract.md §3.1). For index head g and query t at document
  * position p: s_j = <qi[t, g], ki[k_base + j]> * 128^-0.5 for keys 0 <= j <= p; block score
  * B_b = max of s over the visible keys of document-local block b <= p / 128. The selection is
  * the top min(15, p / 128) non-local blocks by (score desc, id asc) in that order, then the local
@@ -49,7 +49,7 @@ typedef struct MsaIndexerParams {
 int msa_indexer_forward(const MsaIndexerParams* params, void* workspace, size_t workspace_bytes,
                         void* stream);
 
-/* The indexer_lse input of msa_kl_backward (MSA v1 §3.2: the index distribution over the
+/* The indexer_lse input of msa_kl_backward (docs/contract.md §3.2: the index distribution over the
  * attention's own token sets): lse[g, t] = logsumexp of s_j over {j : j / 128 in topk[g, t, :],
  * j <= p} (natural log, -inf when the set is empty), with s_j as above. topk [4, T, 16] i32 is the
  * attention's selection; entries outside [0, p / 128] are skipped and a repeated entry counts

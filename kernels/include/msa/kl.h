@@ -1,4 +1,4 @@
-/* KL backward of the index branch (MSA v1 §1.5, §3.2). For query q at document position p and
+/* KL backward of the index branch (docs/contract.md §3.2). For query q at document position p and
  * group g, S(q, g) = (selected blocks of topk[g, q]) ∩ {j <= p}; on S:
  *   teacher t(j) = (1/16) sum_{h in group g} exp(scale <q[q, h], k[j, g]> - teacher_lse[q, h]),
  *   student s(j) = exp(iscale <qi[q, g], ki[j]> - indexer_lse[g, q]),

@@ -1,6 +1,6 @@
 /* Prepare family: the device-built layout arrays of one packed layout (msa_prepare_layout) and the
  * device-built metadata of one top-k selection (msa_prepare_metadata; docs/design.md "Device data
- * of one call"; contract §4.1-§4.3). Each launcher enqueues its whole pipeline on a stream with no
+ * of one call"; docs/contract.md §4.1-§4.3). Each launcher enqueues its whole pipeline on a stream with no
  * host synchronization, so it can be captured in a CUDA graph; every output equals the host
  * planner's table word for word (msa_plan::layout, topk, csr, schedule), which the GPU suite
  * checks.

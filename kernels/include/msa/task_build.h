@@ -1,4 +1,4 @@
-/* Task-build family: NeMo's backward task build (nemo-kernels §5.2) generalized to CP fragments,
+/* Task-build family: NeMo's backward task build (docs/contract.md §5.2) for CP fragments,
  * bit-exact with msa_plan::backward::task_build (the host mirror), including every intermediate
  * word of the scratch buffer. Four kernels after a 0xFF fill of both buffers:
  *   scan_work        1 CTA x 1024: inclusive task ends per work item, exact counts, cleared bins;

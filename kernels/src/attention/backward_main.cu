@@ -1,4 +1,4 @@
-// Backward main kernel, KV-outer with atomics (NeMo's task walk, nemo-kernels.md §5.4, with
+// Backward main kernel, KV-outer with atomics (NeMo's task walk, docs/contract.md §5, with
 // mma.sync instead of tcgen05). Each CTA walks its interval of task rows (8 query slots of one
 // (group, physical block) bucket) as 64-row half tiles: K/V resident per bucket, Q/dO of the next
 // half tile prefetched while the current one finishes, dQ reduced per half tile into

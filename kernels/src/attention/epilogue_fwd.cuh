@@ -1,6 +1,6 @@
 // Forward epilogue: O = acc / l in bf16 and LSE = (m + log2 l) ln 2 for the 16 heads of a warp's
-// query. A row that saw no key (empty selection) has l = 0 and gets O = 0, LSE = -inf (contract
-// §2.1 "Empty selection").
+// query. A row that saw no key (empty selection) has l = 0 and gets O = 0, LSE = -inf
+// (docs/contract.md §2.3, empty sets).
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Sparse attention forward (contract §2.1) and its dispatch: on compute capability 9.0 the
+// Sparse attention forward (docs/contract.md §2.4) and its dispatch: on compute capability 9.0 the
 // sm_90a kernel of attention/forward_sm90.cuh; elsewhere this query-outer mma.sync kernel: one
 // CTA per (8 queries, KV group), one warp per query, a single-pass fp32 online softmax over the
 // query's selected blocks. Each K/V block of the CTA's union is loaded once; masking is only

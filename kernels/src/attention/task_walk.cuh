@@ -1,5 +1,5 @@
 // Tile scheduler of the atomic backward main kernel: the CTA interval of the device task tables
-// (nemo-kernels.md §4.4; desc words MSA_DESC_*, msa/abi.h) and the task rows it walks. A bucket is a maximal run of consecutive rows
+// (docs/contract.md §5.3; desc words MSA_DESC_*, msa/abi.h) and the task rows it walks. A bucket is a maximal run of consecutive rows
 // with equal (group, physical kblock); a CTA keeps K/V of the current bucket resident and flushes
 // its dK/dV at every bucket change and at the end of its interval (a bucket split across CTAs is
 // still correct: each part is reduced with atomics).

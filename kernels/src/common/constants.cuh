@@ -1,4 +1,4 @@
-// MSA v1 shape constants of the kernels (contract §0: the public API fixes them), taken from the
+// MSA v1 shape constants of the kernels (docs/contract.md §1.1: the public API fixes them), taken from the
 // one ABI source kernels/include/msa/abi.h that the Rust side mirrors.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Lightning indexer forward (contract §3.1), three deterministic launches (the scores kernel
+// Lightning indexer forward (docs/contract.md §3.1), three deterministic launches (the scores kernel
 // uses mma.sync, the sm_80 path that also runs on sm_90a; tiles and select are arch-neutral):
 //
 //   tiles  one CTA lays out the query tiles: 64 consecutive queries of one fragment, so that they

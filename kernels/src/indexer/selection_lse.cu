@@ -1,4 +1,4 @@
-// The index LSE the KL backward takes (contract §3.2 consistency requirement): for index head g
+// The index LSE the KL backward takes (docs/contract.md §3.2, consistency): for index head g
 // and query t at document position p, the natural-log logsumexp of s_j = qi[t, g].ki[k_base + j]
 // * 128^-0.5 over the attention's own token set {j : j / 128 in topk[g, t, :], j <= p}; -inf when
 // the set is empty. The same set rule as msa_ref::indexer::selection_lse: entries outside

@@ -109,3 +109,65 @@ impl Executor<'_> for CudaMsa {
         Ok(self.download(&x)?)
     }
 }
+
+/// The naive fp32 GPU references of one call (`CudaMsa::reference_*`, test oracles): the
+/// forward of `p`; the backward given `got`'s forward outputs (`out`, `lse`), as the kernels
+/// are given them; and, with `kl` (the index LSE the backend's KL backward was given and its
+/// loss coefficient), the KL backward with `got`'s LSE as the teacher's. Every tensor `got` has
+/// gets its complete reference, for [`against_full`](crate::check::against_full).
+pub fn gpu_reference(
+    m: &CudaMsa,
+    p: &crate::io::CallInputs,
+    got: &crate::io::Outputs,
+    kl: Option<(&[f32], f32)>,
+) -> Result<crate::check::FullReference> {
+    let layout = DeviceLayout::new(m, p.layout.clone())?;
+    let (q, k, v) = (m.upload(&p.q)?, m.upload(&p.k)?, m.upload(&p.v)?);
+    let topk = m.upload(&p.topk_indices)?;
+    let mut r = crate::check::FullReference::default();
+    let fwd = m.reference_forward(&layout, &q, &k, &v, &topk)?;
+    r.out = Some(m.download(&fwd.out)?);
+    r.lse = Some(m.download(&fwd.lse)?);
+    let (Some(out), Some(lse)) = (&got.out, &got.lse) else {
+        return Ok(r);
+    };
+    let lse = m.upload(lse)?;
+    if let (Some(dout), Some(_)) = (&p.dout, &got.dq) {
+        let (dout, out) = (m.upload(dout)?, m.upload(out)?);
+        let g = m.reference_backward(&layout, &q, &k, &v, &topk, &dout, &out, &lse)?;
+        r.dq = Some(m.download(&g.dq)?);
+        r.dk = Some(m.download(&g.dk)?);
+        r.dv = Some(m.download(&g.dv)?);
+    }
+    if let (Some(index), Some((indexer_lse, loss_coeff)), Some(_)) = (&p.index, kl, &got.dqi) {
+        let (qi, ki) = (m.upload(&index.qi)?, m.upload(&index.ki)?);
+        let indexer_lse = m.upload(indexer_lse)?;
+        let inputs = KlInputs {
+            q: &q,
+            k: &k,
+            teacher_lse: &lse,
+            qi: &qi,
+            ki: &ki,
+            indexer_lse: &indexer_lse,
+        };
+        let (dqi, dki) = m.reference_kl_backward(&layout, &inputs, &topk, loss_coeff)?;
+        r.dqi = Some(m.download(&dqi)?);
+        r.dki = Some(m.download(&dki)?);
+    }
+    // Empty tensors come back as the facade's one-element buffers.
+    let (t, tk) = (p.layout.total_q(), p.layout.total_k());
+    for (x, n) in [
+        (&mut r.out, t * 64 * 128),
+        (&mut r.lse, t * 64),
+        (&mut r.dq, t * 64 * 128),
+        (&mut r.dk, tk * 4 * 128),
+        (&mut r.dv, tk * 4 * 128),
+        (&mut r.dqi, t * 4 * 128),
+        (&mut r.dki, tk * 128),
+    ] {
+        if let Some(x) = x {
+            x.truncate(n);
+        }
+    }
+    Ok(r)
+}

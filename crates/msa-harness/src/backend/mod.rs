@@ -10,6 +10,8 @@ mod cuda;
 mod executor;
 
 pub use cpu::CpuReference;
+#[cfg(feature = "msa")]
+pub use cuda::gpu_reference;
 pub use executor::{run, Attention, Executor, Index, RunOptions, RunResult, StageTime};
 
 use crate::error::Result;

@@ -1,6 +1,13 @@
-//! Report lines for the comparisons every check makes.
+//! Report lines for the comparisons every check makes. Full-tensor comparisons at real scale
+//! hold 10⁸ elements, so every metric is summed over fixed chunks in parallel and the chunks are
+//! combined in order: the result does not depend on the thread count.
+
+use rayon::prelude::*;
 
 use super::CheckLine;
+
+/// Elements per chunk of the parallel metrics.
+const CHUNK: usize = 1 << 16;
 
 /// `assert_close` with MSA's semantics: value is the worst |a − e| / (atol + rtol·|e|), so a
 /// value ≤ 1 passes; NaN or a mismatched infinity fails; equal infinities agree.
@@ -10,24 +17,41 @@ pub fn close(tensor: &str, actual: &[f32], expected: &[f32], atol: f64, rtol: f6
         expected.len(),
         "{tensor}: compared slices differ in length"
     );
+    // Per chunk: (worst ratio, its index, elements over, max |a − e|); the first worst wins.
+    let parts: Vec<(f64, usize, usize, f64)> = actual
+        .par_chunks(CHUNK)
+        .zip(expected.par_chunks(CHUNK))
+        .enumerate()
+        .map(|(c, (xa, xe))| {
+            let (mut worst, mut worst_i, mut bad, mut max_abs) = (0f64, 0usize, 0usize, 0f64);
+            for (i, (&a, &e)) in xa.iter().zip(xe).enumerate() {
+                let (a, e) = (a as f64, e as f64);
+                let ratio = if a == e {
+                    0.0
+                } else if !a.is_finite() || !e.is_finite() {
+                    f64::INFINITY
+                } else {
+                    max_abs = max_abs.max((a - e).abs());
+                    (a - e).abs() / (atol + rtol * e.abs())
+                };
+                if ratio > 1.0 {
+                    bad += 1;
+                }
+                if ratio > worst || ratio.is_nan() {
+                    worst = if ratio.is_nan() { f64::INFINITY } else { ratio };
+                    worst_i = c * CHUNK + i;
+                }
+            }
+            (worst, worst_i, bad, max_abs)
+        })
+        .collect();
     let (mut worst, mut worst_i, mut bad, mut max_abs) = (0f64, 0usize, 0usize, 0f64);
-    for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
-        let (a, e) = (a as f64, e as f64);
-        let ratio = if a == e {
-            0.0
-        } else if !a.is_finite() || !e.is_finite() {
-            f64::INFINITY
-        } else {
-            max_abs = max_abs.max((a - e).abs());
-            (a - e).abs() / (atol + rtol * e.abs())
-        };
-        if ratio > 1.0 {
-            bad += 1;
+    for (w, i, b, m) in parts {
+        if w > worst {
+            (worst, worst_i) = (w, i);
         }
-        if ratio > worst || ratio.is_nan() {
-            worst = if ratio.is_nan() { f64::INFINITY } else { ratio };
-            worst_i = i;
-        }
+        bad += b;
+        max_abs = max_abs.max(m);
     }
     CheckLine {
         tensor: tensor.to_string(),
@@ -64,6 +88,86 @@ pub fn attention_grad_cosine(
     cosine_line(tensor, actual, expected, min, true)
 }
 
+/// The sums every vector metric is made of, in f64.
+#[derive(Default, Clone, Copy)]
+struct Sums {
+    /// Σ a·e, Σ a², Σ e², Σ (a − e)².
+    ae: f64,
+    aa: f64,
+    ee: f64,
+    dd: f64,
+    /// max |a − e|.
+    max_abs: f64,
+    /// Non-finite elements of `a`.
+    nonfinite: usize,
+}
+
+impl Sums {
+    fn of(actual: &[f32], expected: &[f32]) -> Self {
+        let parts: Vec<Sums> = actual
+            .par_chunks(CHUNK)
+            .zip(expected.par_chunks(CHUNK))
+            .map(|(xa, xe)| {
+                let mut s = Sums::default();
+                for (&a, &e) in xa.iter().zip(xe) {
+                    let (a64, e64) = (a as f64, e as f64);
+                    s.ae += a64 * e64;
+                    s.aa += a64 * a64;
+                    s.ee += e64 * e64;
+                    s.dd += (a64 - e64) * (a64 - e64);
+                    s.max_abs = s.max_abs.max((a64 - e64).abs());
+                    s.nonfinite += usize::from(!a.is_finite());
+                }
+                s
+            })
+            .collect();
+        parts.into_iter().fold(Sums::default(), |s, p| Sums {
+            ae: s.ae + p.ae,
+            aa: s.aa + p.aa,
+            ee: s.ee + p.ee,
+            dd: s.dd + p.dd,
+            max_abs: if p.max_abs.is_nan() {
+                f64::NAN
+            } else {
+                s.max_abs.max(p.max_abs)
+            },
+            nonfinite: s.nonfinite + p.nonfinite,
+        })
+    }
+
+    /// Cosine similarity, with `msa_ref::compare::cosine`'s rules for zeros and non-finite values.
+    fn cosine(&self) -> f64 {
+        if !(self.ae.is_finite() && self.aa.is_finite() && self.ee.is_finite()) {
+            return f64::NAN;
+        }
+        match (self.aa == 0.0, self.ee == 0.0) {
+            (true, true) => 1.0,
+            (true, false) | (false, true) => 0.0,
+            (false, false) => self.ae / (self.aa.sqrt() * self.ee.sqrt()),
+        }
+    }
+
+    /// ‖a − e‖ / ‖e‖, with `msa_ref::compare::l2_rel`'s rules.
+    fn l2_rel(&self) -> f64 {
+        if !(self.dd.is_finite() && self.ee.is_finite()) {
+            return f64::NAN;
+        }
+        match (self.dd == 0.0, self.ee == 0.0) {
+            (true, _) => 0.0,
+            (false, true) => f64::INFINITY,
+            (false, false) => (self.dd / self.ee).sqrt(),
+        }
+    }
+
+    /// Whether both sides are numerically zero (see [`NEGLIGIBLE_RMS`]).
+    fn negligible(&self, n: usize) -> bool {
+        let n = n.max(1) as f64;
+        (self.ee / n).sqrt() < NEGLIGIBLE_RMS
+            && (self.aa / n).sqrt() < NEGLIGIBLE_RMS
+            && self.max_abs < 1e-6
+    }
+}
+
 fn cosine_line(
     tensor: &str,
     actual: &[f32],
@@ -76,16 +180,9 @@ fn cosine_line(
         expected.len(),
         "{tensor}: compared slices differ in length"
     );
-    let nonfinite = actual.iter().filter(|x| !x.is_finite()).count();
-    let c = msa_ref::compare::cosine(actual, expected);
-    let l2 = msa_ref::compare::l2_rel(actual, expected);
-    let rms = |x: &[f32]| {
-        (x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64).sqrt()
-    };
-    let negligible = allow_zero
-        && rms(expected) < NEGLIGIBLE_RMS
-        && rms(actual) < NEGLIGIBLE_RMS
-        && msa_ref::compare::max_abs_diff(actual, expected) < 1e-6;
+    let sums = Sums::of(actual, expected);
+    let (nonfinite, c, l2) = (sums.nonfinite, sums.cosine(), sums.l2_rel());
+    let negligible = allow_zero && sums.negligible(actual.len());
     CheckLine {
         tensor: tensor.to_string(),
         metric: "cosine",
@@ -102,6 +199,87 @@ fn cosine_line(
             }
         ),
     }
+}
+
+/// Relative L2 error `‖actual − expected‖₂ / ‖expected‖₂` (f64) at most `max`; any non-finite
+/// element fails. Unlike the cosine it sees scale: a gradient multiplied by 1000 (or 0.01) has
+/// cosine 1 and relative L2 error 999 (0.99).
+pub fn l2_rel(tensor: &str, actual: &[f32], expected: &[f32], max: f64) -> CheckLine {
+    l2_rel_line(tensor, actual, expected, max, false)
+}
+
+/// [`l2_rel`] for attention gradients: two numerically zero tensors pass, as in
+/// [`attention_grad_cosine`].
+pub fn attention_grad_l2_rel(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    max: f64,
+) -> CheckLine {
+    l2_rel_line(tensor, actual, expected, max, true)
+}
+
+fn l2_rel_line(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    max: f64,
+    allow_zero: bool,
+) -> CheckLine {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "{tensor}: compared slices differ in length"
+    );
+    let sums = Sums::of(actual, expected);
+    let (nonfinite, l2) = (sums.nonfinite, sums.l2_rel());
+    let negligible = allow_zero && sums.negligible(actual.len());
+    let (na, ne) = (sums.aa.sqrt(), sums.ee.sqrt());
+    CheckLine {
+        tensor: tensor.to_string(),
+        metric: "l2_rel",
+        // NaN (a non-finite element) reads as the worst value.
+        value: if l2.is_nan() { f64::INFINITY } else { l2 },
+        limit: max,
+        passed: nonfinite == 0 && (l2 <= max || negligible),
+        detail: format!(
+            "norm ratio {:.4e}, {nonfinite} non-finite, n {}{}",
+            if ne > 0.0 { na / ne } else { f64::NAN },
+            actual.len(),
+            if negligible {
+                ", both numerically zero"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
+/// Both lines of a gradient check: MSA's cosine (direction) and the relative L2 error (scale
+/// too), with the limits of `tol`.
+pub fn gradient(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    tol: &super::Tolerances,
+) -> [CheckLine; 2] {
+    [
+        cosine(tensor, actual, expected, tol.grad_cosine),
+        l2_rel(tensor, actual, expected, tol.grad_l2_rel),
+    ]
+}
+
+/// [`gradient`] for attention gradients (numerically zero pairs pass both lines).
+pub fn attention_gradient(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    tol: &super::Tolerances,
+) -> [CheckLine; 2] {
+    [
+        attention_grad_cosine(tensor, actual, expected, tol.grad_cosine),
+        attention_grad_l2_rel(tensor, actual, expected, tol.grad_l2_rel),
+    ]
 }
 
 /// Exact equality of integer tensors (metadata, selections).

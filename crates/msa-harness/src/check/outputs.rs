@@ -97,17 +97,12 @@ pub fn against_outputs(
         ("dv", &x.dv, &y.dv),
     ] {
         if let (Some(p), Some(q)) = (p, q) {
-            r.push(compare::attention_grad_cosine(
-                name,
-                &f32s(p),
-                &f32s(q),
-                tol.grad_cosine,
-            ));
+            r.push_all(compare::attention_gradient(name, &f32s(p), &f32s(q), tol));
         }
     }
     for (name, p, q) in [("dqi", &x.dqi, &y.dqi), ("dki", &x.dki, &y.dki)] {
         if let (Some(p), Some(q)) = (p, q) {
-            r.push(compare::cosine(name, &f32s(p), &f32s(q), tol.grad_cosine));
+            r.push_all(compare::gradient(name, &f32s(p), &f32s(q), tol));
         }
     }
     if let (Some(p), Some(q)) = (&x.indexer_topk, &y.indexer_topk) {

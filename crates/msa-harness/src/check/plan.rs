@@ -1,13 +1,14 @@
 //! Which check a run gets: the CPU backend *is* the reference, so it is spot-checked against the
-//! independent f64 oracle; the GPU is checked against the reference, in full on small cases and
-//! on a sample of queries and key blocks on large ones.
+//! independent f64 oracle (on as many queries as asked; a full check of the reference against
+//! itself means nothing and is refused); the GPU is checked against the reference, in full on
+//! small cases and on a sample of queries and key blocks on large ones.
 
 use msa_plan::flops::sparse_elements;
 use msa_plan::VarlenLayout;
 
 use super::{against_oracle, against_reference, CheckReport, Sample, Tolerances};
 use crate::backend::{Backend, RunResult};
-use crate::error::Result;
+use crate::error::{HarnessError, Result};
 use crate::io::CallInputs;
 
 /// How much of a call's outputs a reference check covers.
@@ -24,11 +25,13 @@ pub enum Coverage {
 /// seconds per case on a CI host.
 pub const FULL_CHECK_MAX_ELEMENTS: u64 = 4_000_000;
 
-/// Queries and key blocks per group that the f64 oracle spot-checks.
-const ORACLE_QUERIES: usize = 12;
+/// Queries and key blocks per group that the f64 oracle spot-checks unless asked for more.
+pub const ORACLE_QUERIES: usize = 12;
 const ORACLE_BLOCKS: usize = 2;
 /// Key blocks per group of a sampled reference check.
 const REFERENCE_BLOCKS: usize = 8;
+/// Queries of a sampled reference check unless asked otherwise.
+pub const REFERENCE_QUERIES: usize = 256;
 
 /// A check of one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,19 +42,38 @@ pub enum CheckPlan {
     Reference(Sample),
 }
 
-/// The check of a run of `backend` on `layout`. A sampled reference check looks at
-/// `sample_queries` queries; `seed` picks the sample.
+/// The check of a run of `backend` on `layout`. A sampled check looks at `sample_queries`
+/// queries ([`ORACLE_QUERIES`] for the CPU backend's oracle check and [`REFERENCE_QUERIES`] for
+/// a GPU's sampled reference check when `None`); `seed` picks the sample.
+///
+/// The CPU backend is the reference itself: [`Coverage::Full`] would compare it with itself, and
+/// the oracle is too slow for every query of a real case, so it is an error
+/// ([`HarnessError::CheckCoverage`]), never silently a sample.
 pub fn plan_for(
     backend: &Backend,
     layout: &VarlenLayout,
     coverage: Coverage,
-    sample_queries: usize,
+    sample_queries: Option<usize>,
     seed: u64,
-) -> CheckPlan {
+) -> Result<CheckPlan> {
     if backend.is_cpu() {
-        CheckPlan::Oracle(Sample::new(layout, ORACLE_QUERIES, ORACLE_BLOCKS, seed))
+        if coverage == Coverage::Full {
+            return Err(HarnessError::CheckCoverage(
+                "a full check compares every element with the CPU reference, which is the \
+                 backend under test; the CPU backend is checked against the independent f64 \
+                 oracle on a sample (`--check sample --sample-queries N` checks N queries)",
+            ));
+        }
+        let queries = sample_queries.unwrap_or(ORACLE_QUERIES);
+        Ok(CheckPlan::Oracle(Sample::new(
+            layout,
+            queries,
+            ORACLE_BLOCKS,
+            seed,
+        )))
     } else {
-        reference_plan(layout, coverage, sample_queries, seed)
+        let queries = sample_queries.unwrap_or(REFERENCE_QUERIES);
+        Ok(reference_plan(layout, coverage, queries, seed))
     }
 }
 
@@ -104,13 +126,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cpu_gets_the_oracle_whatever_the_coverage() {
-        let layout = VarlenLayout::documents(&[0, 300]).unwrap();
-        for coverage in [Coverage::Auto, Coverage::Full, Coverage::Sample] {
-            let plan = plan_for(&Backend::Cpu, &layout, coverage, 64, 1);
+    fn the_cpu_gets_the_oracle_on_as_many_queries_as_asked() {
+        let layout = VarlenLayout::documents(&[0, 3000]).unwrap();
+        for coverage in [Coverage::Auto, Coverage::Sample] {
+            let plan = plan_for(&Backend::Cpu, &layout, coverage, None, 1).unwrap();
             assert_eq!(plan, CheckPlan::Oracle(Sample::new(&layout, 12, 2, 1)));
             assert_eq!(plan.describe(), "f64 oracle, spot");
+            let plan = plan_for(&Backend::Cpu, &layout, coverage, Some(40), 1).unwrap();
+            let CheckPlan::Oracle(sample) = &plan else {
+                panic!("{plan:?}")
+            };
+            assert_eq!(sample.queries.len(), 40);
+            assert_eq!(sample, &Sample::new(&layout, 40, 2, 1));
         }
+        let err = plan_for(&Backend::Cpu, &layout, Coverage::Full, None, 1).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the CPU reference, which is the backend under test"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub fn against_reference(
         tol.lse_atol,
         tol.lse_rtol,
     ));
+    r.push(structure::lse_rows(l, &p.topk_indices, lse));
 
     if let (Some(dout), Some(dq), Some(dk), Some(dv)) = (&p.dout, &got.dq, &got.dk, &got.dv) {
         let attended = structure::attended_keys(l, &p.topk_indices);
@@ -90,6 +91,7 @@ pub fn against_reference(
                 |i| !attended[i / HEAD_DIM],
             ));
         }
+        r.push(structure::dv_sums(l, &p.topk_indices, dout, dv));
         let (ref_dq, ref_dk, ref_dv) = if full {
             let gr = attention::backward(&inputs, dout, out, lse)?;
             (gr.dq, gr.dk, gr.dv)
@@ -120,23 +122,23 @@ pub fn against_reference(
                 })
                 .collect()
         };
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dq",
             &gather_rows(dq, Q_ROW, qs.iter().copied()),
             &ref_dq,
-            tol.grad_cosine,
+            tol,
         ));
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dk",
             &got_keys(dk),
             &ref_dk,
-            tol.grad_cosine,
+            tol,
         ));
-        r.push(compare::attention_grad_cosine(
+        r.push_all(compare::attention_gradient(
             "dv",
             &got_keys(dv),
             &ref_dv,
-            tol.grad_cosine,
+            tol,
         ));
     }
 
@@ -248,13 +250,13 @@ pub fn against_reference(
                 .flat_map(|(_, rows)| gather_rows(dki, INDEX_DIM, rows.clone()))
                 .collect()
         };
-        r.push(compare::cosine(
+        r.push_all(compare::gradient(
             "dqi",
             &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
             &ref_dqi,
-            tol.grad_cosine,
+            tol,
         ));
-        r.push(compare::cosine("dki", &got_dki, &ref_dki, tol.grad_cosine));
+        r.push_all(compare::gradient("dki", &got_dki, &ref_dki, tol));
     }
     Ok(r)
 }

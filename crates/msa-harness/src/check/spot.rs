@@ -64,23 +64,13 @@ pub fn against_oracle(
             tol.lse_rtol,
         ));
     }
-    if let (Some(dq), Some(dk), Some(dv)) = (&got.dq, &got.dk, &got.dv) {
-        let want: Vec<f32> = qs
-            .par_iter()
-            .flat_map_iter(|&q| (0..NUM_Q_HEADS).flat_map(move |h| f32s(prob.dq_row(q, h))))
-            .collect();
-        r.push(compare::attention_grad_cosine(
-            "dq",
-            &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()),
-            &want,
-            tol.grad_cosine,
-        ));
-        // The per-key gradients take each (query, head)'s LSE from the backend's forward and
-        // delta from its bf16 `out`, as the kernels do: the forward is checked above, and this
-        // keeps a key that thousands of queries attend to cheap (no f64 forward per query).
-        let (Some(out), Some(lse), Some(dout)) = (&got.out, &got.lse, &p.dout) else {
-            return r;
-        };
+    if let (Some(dq), Some(dk), Some(dv), Some(out), Some(lse), Some(dout)) =
+        (&got.dq, &got.dk, &got.dv, &got.out, &got.lse, &p.dout)
+    {
+        // The gradients take each (query, head)'s LSE from the backend's forward and delta from
+        // its bf16 `out`, as the kernels do (docs/contract.md §2.4): the forward is checked above,
+        // delta's rounding is the contract's (on peaked inputs it alone moves dQ by ~1% against
+        // an exact delta), and a key that thousands of queries attend to stays cheap.
         let stats = |t: usize, h: usize| {
             let at = (t * NUM_Q_HEADS + h) * HEAD_DIM;
             let delta = out[at..at + HEAD_DIM]
@@ -90,14 +80,22 @@ pub fn against_oracle(
                 .sum();
             (lse[t * NUM_Q_HEADS + h] as f64, delta)
         };
-        let rows: Vec<(usize, usize)> = sample
-            .keys
-            .iter()
-            .flat_map(|(g, rows)| {
-                let step = (rows.len() / KEYS_PER_RANGE).max(1);
-                rows.clone().step_by(step).map(move |row| (*g, row))
+        let want: Vec<f32> = qs
+            .par_iter()
+            .flat_map_iter(|&q| {
+                (0..NUM_Q_HEADS).flat_map(move |h| {
+                    let (l, d) = stats(q, h);
+                    f32s(prob.dq_row_given(q, h, l, d))
+                })
             })
             .collect();
+        r.push_all(compare::attention_gradient(
+            "dq",
+            &gather_rows(dq, NUM_Q_HEADS * HEAD_DIM, qs.iter().copied()),
+            &want,
+            tol,
+        ));
+        let rows: Vec<(usize, usize)> = key_rows(sample).collect();
         let per_row: Vec<(Vec<f64>, Vec<f64>)> = rows
             .par_iter()
             .map(|&(g, row)| prob.dkv_row(g, row, &prob.key_queries(g, row), stats))
@@ -110,18 +108,8 @@ pub fn against_oracle(
             wk.extend(f32s(a));
             wv.extend(f32s(b));
         }
-        r.push(compare::attention_grad_cosine(
-            "dk",
-            &gk,
-            &wk,
-            tol.grad_cosine,
-        ));
-        r.push(compare::attention_grad_cosine(
-            "dv",
-            &gv,
-            &wv,
-            tol.grad_cosine,
-        ));
+        r.push_all(compare::attention_gradient("dk", &gk, &wk, tol));
+        r.push_all(compare::attention_gradient("dv", &gv, &wv, tol));
     }
     if let (Some(itopk), Some(ilse)) = (&got.indexer_topk, &got.indexer_lse) {
         r.push(structure::indexer_selection(l, itopk));
@@ -182,12 +170,42 @@ pub fn against_oracle(
                     .flat_map(move |g| f32s(prob.kl_dqi_row(q, g, loss_coeff as f64)))
             })
             .collect();
-        r.push(compare::cosine(
+        r.push_all(compare::gradient(
             "dqi",
             &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
             &want,
-            tol.grad_cosine,
+            tol,
+        ));
+    }
+    if let (Some(dki), Some(lse), Some((indexer_lse, loss_coeff))) = (&got.dki, &got.lse, kl_inputs)
+    {
+        // dKI has one head: a few key rows of group 0's sampled ranges, each summed over every
+        // (query, index head) whose token set holds it, with the LSEs the backend's KL was given
+        // (the teacher's is its forward LSE, checked above; the student's, `kl_indexer_lse`).
+        let rows: Vec<usize> = key_rows(sample)
+            .filter(|(g, _)| *g == 0)
+            .map(|(_, r)| r)
+            .collect();
+        let teacher = |t: usize, h: usize| lse[t * NUM_Q_HEADS + h] as f64;
+        let student = |g: usize, q: usize| indexer_lse[g * t + q] as f64;
+        let want: Vec<f32> = rows
+            .par_iter()
+            .flat_map_iter(|&row| f32s(prob.kl_dki_row(row, loss_coeff as f64, teacher, student)))
+            .collect();
+        r.push_all(compare::gradient(
+            "dki",
+            &gather_rows(dki, INDEX_DIM, rows.iter().copied()),
+            &want,
+            tol,
         ));
     }
     r
+}
+
+/// (group, packed key row): [`KEYS_PER_RANGE`] rows spread over each sampled key range.
+fn key_rows(sample: &Sample) -> impl Iterator<Item = (usize, usize)> + '_ {
+    sample.keys.iter().flat_map(|(g, rows)| {
+        let step = (rows.len() / KEYS_PER_RANGE).max(1);
+        rows.clone().step_by(step).map(move |row| (*g, row))
+    })
 }

@@ -1,7 +1,11 @@
-//! Checks that need no reference numbers: which keys must get exact-zero gradients, and whether
-//! an indexer selection is well formed.
+//! Checks that need no reference numbers: which keys must get exact-zero gradients, whether an
+//! indexer selection is well formed, and full-tensor invariants (LSE rows finite unless the set
+//! is empty; Σ dV of a group equals the group's Σ dO over queries with any key).
 
-use msa_plan::topology::{BLOCK_SIZE, NUM_INDEX_HEADS, NUM_KV_HEADS, TOPK_BLOCKS};
+use half::bf16;
+use msa_plan::topology::{
+    BLOCK_SIZE, HEADS_PER_GROUP, HEAD_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS,
+};
 use msa_plan::VarlenLayout;
 
 use rayon::prelude::*;
@@ -40,8 +44,8 @@ pub fn attended_keys(layout: &VarlenLayout, topk: &[i32]) -> Vec<bool> {
     attended
 }
 
-/// Indexer selection rules (contract §3.1): per (head, query) exactly min(p/128+1, 16) valid
-/// entries first, then -1; all distinct and causal; the local block last.
+/// Indexer selection rules (docs/contract.md §3.1): per (head, query) exactly min(p/128+1, 16)
+/// valid entries first, then -1; all distinct and causal; the local block last.
 pub fn indexer_selection(layout: &VarlenLayout, topk: &[i32]) -> CheckLine {
     let t = layout.total_q();
     let mut bad = 0usize;
@@ -88,5 +92,111 @@ pub fn finite<T: Copy + Into<f32> + Sync>(tensor: &str, values: &[T]) -> CheckLi
         limit: 0.0,
         passed: bad == 0,
         detail: format!("n {}", values.len()),
+    }
+}
+
+/// Per (group, query): whether the token set is empty (no entry 0 <= e <= p/128 in the row).
+pub fn empty_sets(layout: &VarlenLayout, topk: &[i32]) -> Vec<bool> {
+    let t = layout.total_q();
+    let mut empty = vec![true; NUM_KV_HEADS * t];
+    for q in 0..t {
+        let local = (layout.query_coords(q).2 / BLOCK_SIZE) as i32;
+        for g in 0..NUM_KV_HEADS {
+            let row = &topk[(g * t + q) * TOPK_BLOCKS..][..TOPK_BLOCKS];
+            empty[g * t + q] = !row.iter().any(|&e| (0..=local).contains(&e));
+        }
+    }
+    empty
+}
+
+/// Every LSE row (`[T, 64]`) is finite, except rows of empty token sets, which are exactly
+/// `-inf` (docs/contract.md §2.4): a full-tensor invariant that needs no reference.
+pub fn lse_rows(layout: &VarlenLayout, topk: &[i32], lse: &[f32]) -> CheckLine {
+    let t = layout.total_q();
+    let empty = empty_sets(layout, topk);
+    let (mut bad, mut first) = (0usize, String::new());
+    for (i, &l) in lse.iter().enumerate().take(t * NUM_Q_HEADS) {
+        let (q, h) = (i / NUM_Q_HEADS, i % NUM_Q_HEADS);
+        let e = empty[(h / HEADS_PER_GROUP) * t + q];
+        if (e && l != f32::NEG_INFINITY) || (!e && !l.is_finite()) {
+            if first.is_empty() {
+                first = format!("first at (query {q}, head {h}): {l}, empty set {e}");
+            }
+            bad += 1;
+        }
+    }
+    CheckLine {
+        tensor: "lse".into(),
+        metric: "bad_rows",
+        value: bad as f64,
+        limit: 0.0,
+        passed: bad == 0,
+        detail: first,
+    }
+}
+
+/// Limit of [`dv_sums`]: the bf16 rounding of dV (and of P in the kernels' P·dO) moves the sum
+/// by about 1e-3 of the column norms (random signs), so this is ten standard deviations.
+pub const DV_SUM_LIMIT: f64 = 1e-2;
+
+/// Σ_j dV[j, g, :] over a group's keys equals the sum of the group's dO rows over the queries
+/// whose token set is not empty (the probabilities of a row sum to 1). Per (group, dim):
+/// |Σ dV − Σ dO| / (‖dV‖₂ + ‖dO‖₂) of the column, at most [`DV_SUM_LIMIT`]. A full-tensor
+/// invariant that needs no reference: a lost or doubled block of contributions, or a scaled dV,
+/// breaks it.
+pub fn dv_sums(layout: &VarlenLayout, topk: &[i32], dout: &[bf16], dv: &[bf16]) -> CheckLine {
+    let t = layout.total_q();
+    let empty = empty_sets(layout, topk);
+    let width = NUM_KV_HEADS * HEAD_DIM;
+    // Per column (group, dim): (Σ x, Σ x²) over the rows `row` maps to an offset.
+    let sums = |x: &[bf16], rows: usize, row: &(dyn Fn(usize, usize) -> Option<usize> + Sync)| {
+        (0..width)
+            .into_par_iter()
+            .map(|c| {
+                let (g, d) = (c / HEAD_DIM, c % HEAD_DIM);
+                let (mut s, mut s2) = (0f64, 0f64);
+                for r in 0..rows {
+                    if let Some(at) = row(r, g) {
+                        let v = x[at + d].to_f64();
+                        s += v;
+                        s2 += v * v;
+                    }
+                }
+                (s, s2)
+            })
+            .collect::<Vec<(f64, f64)>>()
+    };
+    let got = sums(dv, layout.total_k(), &|r, g| {
+        Some((r * NUM_KV_HEADS + g) * HEAD_DIM)
+    });
+    // dO rows of the group's 16 heads: row r = (query, head in group).
+    let want = sums(dout, t * HEADS_PER_GROUP, &|r, g| {
+        let (q, hh) = (r / HEADS_PER_GROUP, r % HEADS_PER_GROUP);
+        (!empty[g * t + q]).then(|| (q * NUM_Q_HEADS + g * HEADS_PER_GROUP + hh) * HEAD_DIM)
+    });
+    let (mut worst, mut at) = (0f64, 0usize);
+    for (c, ((s, n), (w, m))) in got.iter().zip(&want).enumerate() {
+        let scale = n.sqrt() + m.sqrt();
+        let err = if scale > 0.0 {
+            (s - w).abs() / scale
+        } else {
+            0.0
+        };
+        let err = if err.is_nan() { f64::INFINITY } else { err };
+        if err > worst {
+            (worst, at) = (err, c);
+        }
+    }
+    CheckLine {
+        tensor: "dv".into(),
+        metric: "sum_rel",
+        value: worst,
+        limit: DV_SUM_LIMIT,
+        passed: worst <= DV_SUM_LIMIT,
+        detail: format!(
+            "|sum dV - sum dO| / (|dV|_2 + |dO|_2) per column, worst at group {} dim {}",
+            at / HEAD_DIM,
+            at % HEAD_DIM
+        ),
     }
 }

@@ -15,5 +15,6 @@ pub mod attention;
 pub mod indexer;
 pub mod kl;
 pub mod prepare;
+pub mod reference;
 pub mod task_build;
 pub mod util;

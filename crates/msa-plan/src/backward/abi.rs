@@ -1,4 +1,4 @@
-//! Word layout of the backward task-build buffers (nemo-kernels §2.3, §5.2): the device kernels
+//! Word layout of the backward task-build buffers (docs/contract.md §5.2): the device kernels
 //! and [`super::task_build`] read and write exactly these positions. The device side takes them
 //! from `kernels/include/msa/abi.h` (`MSA_*`); `msa::cuda`'s compile-time check and the
 //! `abi_header` test keep the two equal.

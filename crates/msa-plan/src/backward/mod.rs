@@ -1,4 +1,4 @@
-//! NeMo's backward contract (nemo-kernels §2.3, §4.2–4.5, §5.2), generalized to CP fragments.
+//! NeMo's backward contract (docs/contract.md §5), generalized to CP fragments.
 //!
 //! - [`schedule`]: `MsaBackwardSchedule`, the forward-derived metadata, shape-checked once.
 //! - [`walk`]: the CTA walk over task rows (`rows_per_cta`, `chunk_map`, `grid_launch_bound`,

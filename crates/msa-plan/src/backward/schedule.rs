@@ -1,4 +1,4 @@
-//! `MsaBackwardSchedule` (nemo-kernels §4.2): the forward-derived int32 metadata the backward
+//! `MsaBackwardSchedule` (docs/contract.md §5.1): the forward-derived int32 metadata the backward
 //! task build reads. Shapes are checked once, here, with NeMo's messages, so every consumer can
 //! take the schedule as given. Types are int32 by construction (`Vec<i32>`).
 //!

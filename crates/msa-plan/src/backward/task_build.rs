@@ -1,4 +1,4 @@
-//! Host mirror of the backward task build (nemo-kernels §5.2): four device kernels turn the
+//! Host mirror of the backward task build (docs/contract.md §5.2): four device kernels turn the
 //! forward work items into locality-ordered task rows of at most 8 queries, and the CTA walk
 //! over them. The CUDA build is compared with this code bit for bit, so every intermediate is
 //! kept ([`TaskTables`]) and the four stages below follow the kernels step by step:

@@ -1,4 +1,4 @@
-//! The CTA walk of the backward main kernel (nemo-kernels §4.3–4.5).
+//! The CTA walk of the backward main kernel (docs/contract.md §5.3).
 //!
 //! The host launches `grid_launch_bound(capacity, num_sms)` CTAs without knowing the task count;
 //! the device descriptor holds the exact walk, and each CTA takes the row interval

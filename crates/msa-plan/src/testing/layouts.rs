@@ -1,5 +1,5 @@
 //! Random valid [`VarlenLayout`]s: documents split into CP fragments the way a context-parallel
-//! rank sees them (contract §2.2).
+//! rank sees them (docs/contract.md §2.2).
 
 use proptest::prelude::*;
 

@@ -1,5 +1,5 @@
 //! Random valid inputs for property tests, shared with other crates through the `testing`
-//! feature: layouts with documents and CP fragments (contract §2.2), lengths that are not
+//! feature: layouts with documents and CP fragments (docs/contract.md §2.2), lengths that are not
 //! multiples of 128 and single tokens, and valid top-k selections (unique causal blocks, `-1`
 //! padding in random slots).
 //!
@@ -10,6 +10,7 @@ pub mod layouts;
 pub mod rng;
 pub mod selection;
 
+pub use crate::topk::recent_topk;
 pub use layouts::{layout_from_documents, layouts, DocumentFragments, LayoutConfig};
 pub use rng::SplitMix64;
-pub use selection::{layouts_with_topk, random_topk, recent_topk};
+pub use selection::{layouts_with_topk, messy_topk, random_topk};

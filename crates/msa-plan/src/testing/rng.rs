@@ -29,6 +29,18 @@ impl SplitMix64 {
     pub fn chance(&mut self, num: usize, den: usize) -> bool {
         self.below(den) < num
     }
+
+    /// Uniform in (0, 1): 53 random bits, never 0 or 1.
+    pub fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// A standard normal (Box–Muller, one value per pair of uniforms): test data only; seeded
+    /// inputs with a reproducibility contract come from `msa_workloads::Rng`.
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
 }
 
 #[cfg(test)]
@@ -44,5 +56,17 @@ mod tests {
         }
         assert!(seen.iter().all(|&n| n > 150), "{seen:?}");
         assert_eq!(SplitMix64::new(7).next_u64(), SplitMix64::new(7).next_u64());
+    }
+
+    #[test]
+    fn normals_have_mean_0_and_std_1() {
+        let mut r = SplitMix64::new(3);
+        let x: Vec<f64> = (0..20_000).map(|_| r.normal()).collect();
+        let mean = x.iter().sum::<f64>() / x.len() as f64;
+        let std = (x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
+        assert!(
+            mean.abs() < 0.04 && (std - 1.0).abs() < 0.03,
+            "{mean} {std}"
+        );
     }
 }

@@ -1,4 +1,6 @@
-//! Random valid top-k selections and MSA's "recent" pattern.
+//! Random top-k selections: valid ones ([`random_topk`]) and ones padded with every entry the
+//! contract ignores ([`messy_topk`]). MSA's "recent" pattern is [`crate::topk::recent_topk`]
+//! (re-exported here), the one copy the workloads' `recent16` uses too.
 
 use proptest::prelude::*;
 
@@ -69,18 +71,52 @@ pub fn random_topk(layout: &VarlenLayout, seed: u64) -> Vec<i32> {
     )
 }
 
-/// MSA's test pattern (`make_torch_topk`): the `min(own+1, 16)` most recent blocks in ascending
-/// order, the local block last, then `-1`; the same for every head.
-pub fn recent_topk(layout: &VarlenLayout) -> Vec<i32> {
-    fill(
-        layout,
-        |_, p| {
-            let own = p / BLOCK_SIZE;
-            let lo = (own + 1).saturating_sub(TOPK_BLOCKS);
-            (lo..=own).map(|b| b as i32).collect()
-        },
-        |slots, blocks| slots[..blocks.len()].copy_from_slice(blocks),
-    )
+/// Random selections in shuffled slots, padded with entries the contract ignores (-1, other
+/// negatives, ids past the document, future blocks, duplicates of listed blocks): the local
+/// block is sometimes left out and about one row in ten selects nothing valid. Not valid for
+/// `prepare` (its validation rejects all but -1); for references, which must ignore them.
+/// Deterministic in `seed`.
+pub fn messy_topk(layout: &VarlenLayout, seed: u64) -> Vec<i32> {
+    let mut rng = SplitMix64::new(seed);
+    let t = layout.total_q();
+    let mut topk = vec![-1i32; NUM_INDEX_HEADS * t * TOPK_BLOCKS];
+    for g in 0..NUM_INDEX_HEADS {
+        for f in layout.fragments() {
+            for i in 0..f.q_len {
+                let local = f.position(i) / BLOCK_SIZE;
+                let mut row: Vec<i32> = Vec::new();
+                if rng.below(10) != 0 {
+                    let mut pool: Vec<i32> = (0..=local as i32).collect();
+                    let count = 1 + rng.below(pool.len().min(TOPK_BLOCKS - 2));
+                    if rng.below(4) != 0 {
+                        row.push(local as i32);
+                        pool.pop();
+                    }
+                    while row.len() < count && !pool.is_empty() {
+                        row.push(pool.swap_remove(rng.below(pool.len())));
+                    }
+                }
+                while row.len() < TOPK_BLOCKS {
+                    let junk = match rng.below(5) {
+                        0 => -1,
+                        1 => -1 - rng.below(5) as i32,
+                        2 => (f.num_blocks + rng.below(3)) as i32,
+                        3 if local + 1 < f.num_blocks => {
+                            (local + 1 + rng.below(f.num_blocks - local - 1)) as i32
+                        }
+                        _ if !row.is_empty() => row[rng.below(row.len())],
+                        _ => -1,
+                    };
+                    row.push(junk);
+                }
+                for i in (1..row.len()).rev() {
+                    row.swap(i, rng.below(i + 1));
+                }
+                topk[(g * t + f.q_start + i) * TOPK_BLOCKS..][..TOPK_BLOCKS].copy_from_slice(&row);
+            }
+        }
+    }
+    topk
 }
 
 /// Random layouts paired with a random valid selection for them.
@@ -94,7 +130,7 @@ pub fn layouts_with_topk(cfg: LayoutConfig) -> impl Strategy<Value = (VarlenLayo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topk::validate_topk;
+    use crate::topk::{recent_topk, validate_topk};
 
     #[test]
     fn recent_pattern_of_a_long_document() {
@@ -107,6 +143,46 @@ mod tests {
         let last: Vec<i32> = (2..=17).collect();
         assert_eq!(&t[2199 * 16..2200 * 16], &last[..]);
         assert_eq!(validate_topk(&l, &t), Ok(()));
+    }
+
+    #[test]
+    fn messy_selections_hold_every_ignored_entry() {
+        let l = VarlenLayout::new(&[0, 40, 300], &[0, 300, 2600], Some(&[0, 0])).unwrap();
+        let topk = messy_topk(&l, 5);
+        assert_eq!(topk, messy_topk(&l, 5));
+        let t = l.total_q();
+        let (mut negative, mut past, mut future, mut duplicate, mut empty) = (0, 0, 0, 0, 0);
+        for g in 0..NUM_INDEX_HEADS {
+            for q in 0..t {
+                let (b, _, p) = l.query_coords(q);
+                let n = l.fragment(b).num_blocks as i32;
+                let row = &topk[(g * t + q) * TOPK_BLOCKS..][..TOPK_BLOCKS];
+                let local = (p / BLOCK_SIZE) as i32;
+                negative += row.iter().filter(|&&e| e < -1).count();
+                past += row.iter().filter(|&&e| e >= n).count();
+                future += row.iter().filter(|&&e| e > local && e < n).count();
+                let valid: Vec<i32> = row
+                    .iter()
+                    .copied()
+                    .filter(|e| (0..=local).contains(e))
+                    .collect();
+                let mut unique = valid.clone();
+                unique.sort_unstable();
+                unique.dedup();
+                duplicate += usize::from(unique.len() < valid.len());
+                empty += usize::from(valid.is_empty());
+            }
+        }
+        for (what, n) in [
+            ("negatives", negative),
+            ("ids past the document", past),
+            ("future blocks", future),
+            ("rows with duplicates", duplicate),
+            ("empty rows", empty),
+        ] {
+            assert!(n >= 10, "{n} {what}");
+        }
+        assert!(validate_topk(&l, &topk).is_err());
     }
 
     proptest! {

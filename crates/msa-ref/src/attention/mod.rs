@@ -1,4 +1,5 @@
-//! Sparse attention of the contract (§2.1): forward, backward and their subset variants.
+//! Sparse attention of the contract (docs/contract.md §2): forward, backward and their subset
+//! variants.
 //!
 //! Query head h reads the token set of group `h / 16`; scores are `scale·⟨q, k⟩` with
 //! `scale = 128^-0.5`. Products accumulate in f32 and results are returned unrounded (see the

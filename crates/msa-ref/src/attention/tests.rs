@@ -6,9 +6,10 @@ use super::backward::backward_with_delta;
 use super::*;
 use crate::compare::allclose;
 use crate::error::RefError;
-use crate::testing::{
-    bf16s, dense_attention, dense_gradients, in_set, queries, random_topk, recent_topk, to_f64, Rng,
-};
+use crate::testing::{bf16s, in_set, plant_peaks, queries, to_f64};
+use msa_oracle::{dense_forward, dense_gradients, Problem};
+use msa_plan::peak::PEAKED_STD;
+use msa_plan::testing::{messy_topk, recent_topk, SplitMix64};
 
 const D: usize = HEAD_DIM;
 
@@ -24,16 +25,41 @@ struct Case {
 impl Case {
     fn new(
         layout: VarlenLayout,
-        topk: impl FnOnce(&VarlenLayout, &mut Rng) -> Vec<i32>,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
         seed: u64,
     ) -> Self {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         let (t, tk) = (layout.total_q(), layout.total_k());
         let q = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.2);
         let k = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
         let v = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
         let dout = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.1);
         let topk = topk(&layout, &mut rng);
+        Self {
+            layout,
+            q,
+            k,
+            v,
+            topk,
+            dout,
+        }
+    }
+
+    /// Peaked inputs (docs/contract.md §7.3): q and k of std 1.5 and a planted maximum-score key
+    /// per (query, group) in a late selected block.
+    fn peaked(
+        layout: VarlenLayout,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
+        seed: u64,
+    ) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let (t, tk) = (layout.total_q(), layout.total_k());
+        let mut q = bf16s(&mut rng, t * NUM_Q_HEADS * D, PEAKED_STD);
+        let k = bf16s(&mut rng, tk * NUM_KV_HEADS * D, PEAKED_STD);
+        let v = bf16s(&mut rng, tk * NUM_KV_HEADS * D, 0.2);
+        let dout = bf16s(&mut rng, t * NUM_Q_HEADS * D, 0.1);
+        let topk = topk(&layout, &mut rng);
+        plant_peaks(&layout, &topk, &mut q, 16, &k, NUM_KV_HEADS, seed);
         Self {
             layout,
             q,
@@ -54,22 +80,31 @@ impl Case {
         }
     }
 
+    /// The same problem for the f64 oracle.
+    fn problem(&self) -> Problem<'_> {
+        Problem {
+            layout: &self.layout,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            topk: &self.topk,
+            dout: Some(&self.dout),
+            index: None,
+        }
+    }
+
+    /// The oracle's `(out, lse)`.
     fn dense(&self) -> (Vec<f64>, Vec<f64>) {
-        dense_attention(
-            &self.layout,
-            &to_f64(&self.q),
-            &to_f64(&self.k),
-            &to_f64(&self.v),
-            &self.topk,
-        )
+        dense_forward(&self.problem())
     }
 }
 
-fn random(l: &VarlenLayout, rng: &mut Rng) -> Vec<i32> {
-    random_topk(l, rng)
+/// Random selections padded with every entry the contract ignores.
+fn random(l: &VarlenLayout, rng: &mut SplitMix64) -> Vec<i32> {
+    messy_topk(l, rng.next_u64())
 }
 
-fn recent(l: &VarlenLayout, _: &mut Rng) -> Vec<i32> {
+fn recent(l: &VarlenLayout, _: &mut SplitMix64) -> Vec<i32> {
     recent_topk(l)
 }
 
@@ -111,11 +146,15 @@ fn forward_equals_dense_attention_under_the_selection_mask() {
         Case::new(odd_documents(), random, 3),
         Case::new(long_document(), random, 4),
         Case::new(long_document(), recent, 5),
+        Case::peaked(fragments(), random, 16),
+        Case::peaked(long_document(), recent, 17),
     ];
     for (i, case) in cases.iter().enumerate() {
         let fwd = forward(&case.inputs()).unwrap();
         let (out, lse) = case.dense();
-        let r = allclose(&fwd.out, &as_f32(&out), 2e-7, 1e-6);
+        // Peaked scores (|s| up to ~20) carry a tenfold larger f32 rounding into exp.
+        let atol = if i >= 6 { 2e-6 } else { 2e-7 };
+        let r = allclose(&fwd.out, &as_f32(&out), atol, 1e-6);
         assert!(r.passed(), "case {i} out: {r}");
         let r = allclose(&fwd.lse, &as_f32(&lse), 1e-6, 1e-6);
         assert!(r.passed(), "case {i} lse: {r}");
@@ -125,6 +164,15 @@ fn forward_equals_dense_attention_under_the_selection_mask() {
     let fwd = forward(&cases[1].inputs()).unwrap();
     let empty = fwd.lse.iter().filter(|l| **l == f32::NEG_INFINITY).count();
     assert!(empty >= 16, "{empty} empty (query, head) sets");
+    // Peaked inputs really are: MSA's inputs give LSE ≈ ln(keys) (below 8 for 2,048 keys), the
+    // planted keys lift most rows far above it.
+    let peaked = forward(&cases[7].inputs()).unwrap();
+    let high = peaked.lse.iter().filter(|l| **l > 10.0).count();
+    assert!(
+        high * 10 > peaked.lse.len() * 8,
+        "{high} of {}",
+        peaked.lse.len()
+    );
 }
 
 #[test]
@@ -134,6 +182,8 @@ fn backward_equals_dense_gradients() {
         Case::new(fragments(), random, 13),
         Case::new(odd_documents(), random, 14),
         Case::new(long_document(), recent, 15),
+        Case::peaked(fragments(), random, 18),
+        Case::peaked(long_document(), recent, 19),
     ];
     for (i, case) in cases.iter().enumerate() {
         let (out, lse) = case.dense();
@@ -144,8 +194,7 @@ fn backward_equals_dense_gradients() {
             .map(|(o, d)| o.iter().zip(d).map(|(a, b)| a * b).sum::<f64>() as f32)
             .collect();
         let got = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
-        let (q, k, v) = (to_f64(&case.q), to_f64(&case.k), to_f64(&case.v));
-        let want = dense_gradients(&case.layout, [&q, &k, &v], &dout, &case.topk);
+        let want = dense_gradients(&case.problem());
         for (name, got, want) in [
             ("dq", &got.dq, &want[0]),
             ("dk", &got.dk, &want[1]),
@@ -160,7 +209,15 @@ fn backward_equals_dense_gradients() {
 
 /// `L = Σ dout·O` in f64.
 fn loss(case: &Case, q: &[f64], k: &[f64], v: &[f64]) -> f64 {
-    let (out, _) = dense_attention(&case.layout, q, k, v, &case.topk);
+    let (out, _) = dense_forward(&Problem {
+        layout: &case.layout,
+        q,
+        k,
+        v,
+        topk: &case.topk,
+        dout: None,
+        index: None,
+    });
     out.iter()
         .zip(&case.dout)
         .map(|(o, d)| o * d.to_f64())
@@ -189,7 +246,7 @@ fn gradients_match_central_finite_differences() {
         .collect();
     let grads = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
 
-    let mut rng = Rng::new(60);
+    let mut rng = SplitMix64::new(60);
     let base = [to_f64(&case.q), to_f64(&case.k), to_f64(&case.v)];
     // Keys some query selects (non-zero gradients) and one key nobody selects.
     let mut selected = Vec::new();
@@ -251,7 +308,7 @@ fn gradients_match_central_finite_differences() {
 fn empty_selections_give_zero_output_and_zero_gradients() {
     // Only ignored entries: -1, negative, past the document, and future blocks.
     let layout = VarlenLayout::new(&[0, 32, 64], &[0, 128, 300], Some(&[0, 0])).unwrap();
-    let junk = |l: &VarlenLayout, _: &mut Rng| {
+    let junk = |l: &VarlenLayout, _: &mut SplitMix64| {
         let mut topk = vec![-1i32; NUM_KV_HEADS * l.total_q() * TOPK_BLOCKS];
         for (i, e) in topk.iter_mut().enumerate() {
             *e = [-1, -7, 3, 9][i % 4];
@@ -272,7 +329,7 @@ fn empty_selections_give_zero_output_and_zero_gradients() {
 fn unselected_keys_get_exact_zero_gradients() {
     // Group 0 never selects block 1; group 1 selects only block 0 of fragment 1's document.
     let layout = VarlenLayout::new(&[0, 10, 20], &[0, 200, 400], Some(&[0, 0])).unwrap();
-    let pattern = |l: &VarlenLayout, _: &mut Rng| {
+    let pattern = |l: &VarlenLayout, _: &mut SplitMix64| {
         let t = l.total_q();
         let mut topk = recent_topk(l);
         for q in 0..t {
@@ -384,4 +441,129 @@ fn malformed_inputs_are_rejected() {
         err.to_string(),
         "key rows 390..401 is out of range (limit 400)"
     );
+}
+
+mod oracle_cross_check {
+    //! The reference against the independent f64 oracle (msa-oracle) over random layouts whose
+    //! documents are longer than 2,048 tokens (more than 16 blocks: selections really leave
+    //! blocks out) and random selections holding every entry the contract ignores (-1, other
+    //! negatives, future blocks, ids past the document, repeats), on MSA's and on peaked inputs.
+
+    use msa_oracle::{dense_forward, dense_gradients, Problem};
+    use msa_plan::testing::{layout_from_documents, messy_topk, DocumentFragments};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::indexer::{selection_lse, IndexerInputs};
+    use crate::kl::kl_backward;
+    use msa_plan::topology::{INDEX_DIM, NUM_INDEX_HEADS};
+
+    /// One document of 2,049 to 4,200 tokens held as one or two fragments of at most 10
+    /// queries each, anywhere in the document.
+    fn long_document() -> impl Strategy<Value = DocumentFragments> {
+        (2049usize..=4200).prop_flat_map(|len| {
+            prop::collection::vec((1..=len, 1usize..=10), 1..=2).prop_map(move |mut cuts| {
+                cuts.sort_unstable();
+                let mut frags: DocumentFragments = Vec::new();
+                for (end, n) in cuts {
+                    let prev = frags.last().map_or(0, |f| f.1);
+                    let begin = end.saturating_sub(n).max(prev);
+                    if begin < end {
+                        frags.push((begin, end));
+                    }
+                }
+                frags
+            })
+        })
+    }
+
+    /// One or two long documents, the second sometimes a short one.
+    fn layouts() -> impl Strategy<Value = VarlenLayout> {
+        let short = (1usize..=300).prop_map(|len| vec![(len.saturating_sub(6), len)]);
+        (
+            long_document(),
+            prop_oneof![long_document(), short],
+            any::<bool>(),
+        )
+            .prop_map(|(a, b, two)| {
+                let docs = if two { vec![a, b] } else { vec![a] };
+                layout_from_documents(&docs, true)
+            })
+    }
+
+    fn max_ratio(got: &[f32], want: &[f64], atol: f64, rtol: f64) -> f64 {
+        got.iter()
+            .zip(want)
+            .map(|(&g, &w)| {
+                if g as f64 == w {
+                    0.0
+                } else {
+                    (g as f64 - w).abs() / (atol + rtol * w.abs())
+                }
+            })
+            .fold(0.0, f64::max)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_reference_agrees_with_the_oracle(l in layouts(), seed in any::<u64>(), peaked in any::<bool>()) {
+            let topk = move |l: &VarlenLayout, _: &mut SplitMix64| messy_topk(l, seed);
+            let case = if peaked { Case::peaked(l, topk, seed) } else { Case::new(l, topk, seed) };
+            let mut rng = SplitMix64::new(seed ^ 0x5EED);
+            let (t, tk) = (case.layout.total_q(), case.layout.total_k());
+            let qi = bf16s(&mut rng, t * NUM_INDEX_HEADS * INDEX_DIM, 0.2);
+            let ki = bf16s(&mut rng, tk * INDEX_DIM, 0.2);
+            let prob = Problem { index: Some((&qi, &ki)), ..case.problem() };
+
+            // Forward: every query and head.
+            let fwd = forward(&case.inputs()).unwrap();
+            let (out, lse) = dense_forward(&prob);
+            prop_assert!(max_ratio(&fwd.out, &out, 2e-6, 1e-5) <= 1.0);
+            prop_assert!(max_ratio(&fwd.lse, &lse, 1e-5, 1e-6) <= 1.0);
+
+            // Backward with the oracle's exact statistics: f32 accumulation is the difference.
+            let dout = to_f64(&case.dout);
+            let delta: Vec<f32> = out
+                .chunks_exact(D)
+                .zip(dout.chunks_exact(D))
+                .map(|(o, d)| o.iter().zip(d).map(|(a, b)| a * b).sum::<f64>() as f32)
+                .collect();
+            let got = backward_with_delta(&case.inputs(), &case.dout, &delta, &as_f32(&lse));
+            let want = dense_gradients(&prob);
+            for (name, g, w) in [("dq", &got.dq, &want[0]), ("dk", &got.dk, &want[1]), ("dv", &got.dv, &want[2])] {
+                let scale = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+                let r = allclose(g, &as_f32(w), 1e-5 * scale, 1e-4);
+                prop_assert!(r.passed(), "{}: {}", name, r);
+            }
+
+            // KL: dQI against the oracle's exact row, dKI against its independent row given the
+            // LSEs the reference takes; dz is rounded to bf16 on both sides.
+            let ii = IndexerInputs { layout: &case.layout, qi: &qi, ki: &ki };
+            let all: Vec<usize> = (0..t).collect();
+            let ilse = selection_lse(&ii, &case.topk, &all).unwrap();
+            let kl_inputs = AttentionInputs { v: &case.k, ..case.inputs() };
+            let g = kl_backward(&kl_inputs, &fwd.lse, &qi, &ki, &ilse, 1.7).unwrap();
+            let dqi: Vec<f64> = (0..t)
+                .flat_map(|q| (0..NUM_INDEX_HEADS).map(move |h| (q, h)))
+                .flat_map(|(q, h)| prob.kl_dqi_row(q, h, 1.7))
+                .collect();
+            let dki: Vec<f64> = (0..tk)
+                .flat_map(|r| {
+                    prob.kl_dki_row(
+                        r,
+                        1.7,
+                        |q, h| fwd.lse[q * NUM_Q_HEADS + h] as f64,
+                        |h, q| ilse[h * t + q] as f64,
+                    )
+                })
+                .collect();
+            for (name, got, want) in [("dqi", &g.dqi, dqi), ("dki", &g.dki, dki)] {
+                let want = as_f32(&want);
+                let l2 = crate::compare::l2_rel(got, &want);
+                prop_assert!(l2 < 2e-3, "{} l2_rel {}", name, l2);
+            }
+        }
+    }
 }

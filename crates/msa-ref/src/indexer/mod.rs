@@ -1,5 +1,5 @@
-//! The lightning indexer (contract §3.1): token scores `s_j = qi·ki_j / √128` over the visible
-//! keys, block maxima, the Top-k selection and the LSE of the selected tokens.
+//! The lightning indexer (docs/contract.md §3.1): token scores `s_j = qi·ki_j / √128` over the
+//! visible keys, block maxima, the Top-k selection and the LSE of the selected tokens.
 //!
 //! Queries are processed in tiles of up to 16 consecutive queries of one fragment, so each
 //! key block is read once per tile rather than once per query.

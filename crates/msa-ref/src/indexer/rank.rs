@@ -1,4 +1,4 @@
-//! The indexer's Top-k rule (contract §3.1): the top `min(15, local)` non-local blocks by
+//! The indexer's Top-k rule (docs/contract.md §3.1): the top `min(15, local)` non-local blocks by
 //! (score desc, id asc) in that order, then the local block, then -1 padding.
 
 use std::cmp::Ordering;
@@ -40,7 +40,7 @@ mod tests {
     #[test]
     fn ties_go_to_the_smaller_id_and_local_comes_last() {
         let mut scratch = Vec::new();
-        // All-zero inputs with 2304 keys (contract §3.1): blocks 0..14, then local 17.
+        // All-zero inputs with 2304 keys (docs/contract.md §3.1): blocks 0..14, then local 17.
         let zeros = [0f32; 18];
         let want: Vec<i32> = (0..15).chain([17]).collect();
         assert_eq!(select(&zeros, 17, &mut scratch)[..], want[..]);

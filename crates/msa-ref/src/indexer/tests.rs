@@ -1,10 +1,12 @@
 use half::bf16;
-use msa_plan::topology::{BLOCK_SIZE, INDEX_DIM, NUM_INDEX_HEADS, SOFTMAX_SCALE_F64, TOPK_BLOCKS};
+use msa_plan::topology::{BLOCK_SIZE, INDEX_DIM, NUM_INDEX_HEADS, TOPK_BLOCKS};
 use msa_plan::VarlenLayout;
 
 use super::*;
 use crate::error::RefError;
-use crate::testing::{bf16s, in_set, queries, random_topk, to_f64, Rng};
+use crate::testing::{bf16s, in_set, queries};
+use msa_oracle::Problem;
+use msa_plan::testing::{messy_topk, SplitMix64};
 
 struct Case {
     layout: VarlenLayout,
@@ -14,7 +16,7 @@ struct Case {
 
 impl Case {
     fn random(layout: VarlenLayout, seed: u64) -> Self {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         let qi = bf16s(
             &mut rng,
             layout.total_q() * NUM_INDEX_HEADS * INDEX_DIM,
@@ -32,18 +34,17 @@ impl Case {
         }
     }
 
-    /// f64 scores of (query, head) over document keys `0..=p`.
-    fn scores(&self, q: usize, g: usize) -> Vec<f64> {
-        let (b, _, p) = self.layout.query_coords(q);
-        let k_base = self.layout.fragment(b).k_base;
-        let (qi, ki) = (to_f64(&self.qi), to_f64(&self.ki));
-        let qrow = &qi[(q * NUM_INDEX_HEADS + g) * INDEX_DIM..][..INDEX_DIM];
-        (0..=p)
-            .map(|j| {
-                let krow = &ki[(k_base + j) * INDEX_DIM..][..INDEX_DIM];
-                SOFTMAX_SCALE_F64 * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>()
-            })
-            .collect()
+    /// The f64 oracle of the index tensors (the attention tensors are unused: empty).
+    fn oracle<'a>(&'a self, topk: &'a [i32]) -> Problem<'a> {
+        Problem {
+            layout: &self.layout,
+            q: &[],
+            k: &[],
+            v: &[],
+            topk,
+            dout: None,
+            index: Some((&self.qi, &self.ki)),
+        }
     }
 }
 
@@ -56,12 +57,6 @@ fn layout() -> VarlenLayout {
         Some(&[0, 0, 2, 3]),
     )
     .unwrap()
-}
-
-fn logsumexp(x: impl Iterator<Item = f64>) -> f64 {
-    let x: Vec<f64> = x.collect();
-    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
 }
 
 #[test]
@@ -87,17 +82,14 @@ fn selections_satisfy_the_contract_invariants_and_ranking() {
             assert_eq!(unique.len(), chosen.len(), "duplicates in {row:?}");
             assert!(chosen.iter().all(|&e| e < local));
 
-            // Block maxima agree with an f64 brute force over the visible tokens.
-            let scores = case.scores(q, g);
+            // Block maxima agree with the f64 oracle over the visible tokens.
+            let oracle = case.oracle(&out.topk);
+            let want = oracle.index_block_scores(q, g);
             let maxima = block_scores(&inputs, g, q).unwrap();
             assert_eq!(maxima.len(), local + 1);
-            for (e, &m) in maxima.iter().enumerate() {
-                let want = scores[e * BLOCK_SIZE..]
-                    .iter()
-                    .take(BLOCK_SIZE)
-                    .copied()
-                    .fold(f64::NEG_INFINITY, f64::max);
-                assert!((m as f64 - want).abs() < 1e-6, "block {e}: {m} vs {want}");
+            assert_eq!(want.len(), local + 1);
+            for (e, (&m, w)) in maxima.iter().zip(&want).enumerate() {
+                assert!((m as f64 - w).abs() < 1e-6, "block {e}: {m} vs {w}");
             }
             // Ranking: (score desc, id asc) among non-local blocks, in slot order.
             let key = |e: usize| (std::cmp::Reverse(ordered(maxima[e])), e);
@@ -111,11 +103,7 @@ fn selections_satisfy_the_contract_invariants_and_ranking() {
                 );
             }
             // LSE of the selected visible tokens.
-            let want = logsumexp(
-                (0..=p)
-                    .filter(|&j| row.contains(&((j / BLOCK_SIZE) as i32)))
-                    .map(|j| scores[j]),
-            );
+            let want = oracle.index_selection_lse(&out.topk, q, g);
             let got = out.lse[g * t + q] as f64;
             assert!(
                 (got - want).abs() < 2e-6,
@@ -133,7 +121,7 @@ fn ordered(x: f32) -> i64 {
 
 #[test]
 fn all_zero_inputs_pick_the_lowest_ids() {
-    // Contract §3.1: 2304 keys, all scores tie, the last query picks [0..14, 17].
+    // docs/contract.md §3.1: 2304 keys, all scores tie, the last query picks [0..14, 17].
     let layout = VarlenLayout::new(&[0, 2], &[0, 2304], None).unwrap();
     let zero = bf16::from_f32(0.0);
     let case = Case {
@@ -172,25 +160,33 @@ fn subsets_and_given_selections_match() {
     let all: Vec<usize> = (0..t).collect();
     assert_eq!(selection_lse(&inputs, &full.topk, &all).unwrap(), full.lse);
 
-    // An arbitrary selection (invalid entries, duplicates, empty sets) against f64.
-    let topk = random_topk(&case.layout, &mut Rng::new(23));
+    // An arbitrary selection (invalid entries, duplicates, empty sets) against the f64 oracle.
+    let topk = messy_topk(&case.layout, 23);
     let lse = selection_lse(&inputs, &topk, &qs).unwrap();
+    let oracle = case.oracle(&topk);
+    let mut empty = 0;
     for (i, &q) in qs.iter().enumerate() {
         let (_, _, p) = case.layout.query_coords(q);
         for g in 0..NUM_INDEX_HEADS {
-            let scores = case.scores(q, g);
-            let set: Vec<f64> = (0..=p)
-                .filter(|&j| in_set(&topk, t, g, q, p, j))
-                .map(|j| scores[j])
-                .collect();
+            let want = oracle.index_selection_lse(&topk, q, g);
             let got = lse[g * n + i];
-            if set.is_empty() {
+            let none = !(0..=p).any(|j| in_set(&topk, t, g, q, p, j));
+            assert_eq!(want == f64::NEG_INFINITY, none);
+            if none {
+                empty += 1;
                 assert_eq!(got, f32::NEG_INFINITY);
             } else {
-                assert!((got as f64 - logsumexp(set.into_iter())).abs() < 2e-6);
+                assert!(
+                    (got as f64 - want).abs() < 2e-6,
+                    "q {q} g {g}: {got} vs {want}"
+                );
             }
         }
     }
+    assert!(
+        empty < qs.len() * NUM_INDEX_HEADS,
+        "some sets are not empty"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! KL backward of the index branch (contract §3.2).
+//! KL backward of the index branch (docs/contract.md §3.2).
 //!
 //! On the sparse token set S(q, g): teacher `t̄(j) = mean_h exp(scale·q_h·k_j − teacher_lse)`
 //! over the group's 16 heads, student `σ(j) = exp(iscale·qi·ki_j − indexer_lse)`,

@@ -9,7 +9,9 @@ use crate::attention::forward;
 use crate::compare::{cosine, l2_rel};
 use crate::error::RefError;
 use crate::indexer::{selection_lse, IndexerInputs};
-use crate::testing::{bf16s, in_set, queries, random_topk, to_f64, Rng};
+use crate::testing::{bf16s, in_set, plant_peaks, queries, to_f64};
+use msa_plan::peak::PEAKED_STD;
+use msa_plan::testing::{messy_topk, SplitMix64};
 
 const COEFF: f32 = 1.7;
 
@@ -29,16 +31,32 @@ impl Case {
     /// over the same token sets, as the contract requires.
     fn new(
         layout: VarlenLayout,
-        topk: impl FnOnce(&VarlenLayout, &mut Rng) -> Vec<i32>,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
         seed: u64,
     ) -> Self {
-        let mut rng = Rng::new(seed);
+        Self::drawn(layout, topk, seed, false)
+    }
+
+    /// MSA's input protocol, or (`peaked`) q, k, qi, ki of std 1.5 with planted maximum-score
+    /// keys (docs/contract.md §7.3): peaked teachers and students.
+    fn drawn(
+        layout: VarlenLayout,
+        topk: impl FnOnce(&VarlenLayout, &mut SplitMix64) -> Vec<i32>,
+        seed: u64,
+        peaked: bool,
+    ) -> Self {
+        let mut rng = SplitMix64::new(seed);
         let (t, tk) = (layout.total_q(), layout.total_k());
-        let q = bf16s(&mut rng, t * NUM_Q_HEADS * HEAD_DIM, 0.2);
-        let k = bf16s(&mut rng, tk * NUM_KV_HEADS * HEAD_DIM, 0.2);
-        let qi = bf16s(&mut rng, t * NUM_INDEX_HEADS * INDEX_DIM, 0.2);
-        let ki = bf16s(&mut rng, tk * INDEX_DIM, 0.2);
+        let std = if peaked { PEAKED_STD } else { 0.2 };
+        let mut q = bf16s(&mut rng, t * NUM_Q_HEADS * HEAD_DIM, std);
+        let k = bf16s(&mut rng, tk * NUM_KV_HEADS * HEAD_DIM, std);
+        let mut qi = bf16s(&mut rng, t * NUM_INDEX_HEADS * INDEX_DIM, std);
+        let ki = bf16s(&mut rng, tk * INDEX_DIM, std);
         let topk = topk(&layout, &mut rng);
+        if peaked {
+            plant_peaks(&layout, &topk, &mut q, 16, &k, NUM_KV_HEADS, seed);
+            plant_peaks(&layout, &topk, &mut qi, 1, &ki, 1, seed);
+        }
         let mut case = Self {
             layout,
             q,
@@ -86,21 +104,33 @@ impl Case {
 
 /// Two CP fragments of one document; no group selects block 1, so keys 128..256 are in no set.
 fn fragment_case(seed: u64) -> Case {
+    fragment_case_drawn(seed, false)
+}
+
+fn fragment_case_drawn(seed: u64, peaked: bool) -> Case {
     let layout = VarlenLayout::new(&[0, 3, 8], &[0, 200, 300], Some(&[0, 0])).unwrap();
-    let pattern = |l: &VarlenLayout, rng: &mut Rng| {
-        let mut topk = random_topk(l, rng);
+    let pattern = |l: &VarlenLayout, rng: &mut SplitMix64| {
+        let mut topk = messy_topk(l, rng.next_u64());
         topk.iter_mut().filter(|e| **e == 1).for_each(|e| *e = -1);
         topk
     };
-    Case::new(layout, pattern, seed)
+    Case::drawn(layout, pattern, seed, peaked)
 }
 
 #[test]
 fn exact_gradients_match_finite_differences_of_the_loss() {
+    finite_differences(fragment_case(31));
+}
+
+#[test]
+fn exact_gradients_match_finite_differences_on_peaked_inputs() {
+    finite_differences(fragment_case_drawn(37, true));
+}
+
+fn finite_differences(case: Case) {
     // dz is rounded to bf16 in the contract, a relative error up to 2^-9 per term; the FD check
     // runs the same code with the rounding switched off (`grads::<false>`) so that it can be
     // tight, and the rounded public path is compared with it separately.
-    let case = fragment_case(31);
     let inputs = case.inputs();
     let args = Args {
         inputs: &inputs,
@@ -128,7 +158,7 @@ fn exact_gradients_match_finite_differences_of_the_loss() {
             live_keys.extend(keys);
         }
     }
-    let mut rng = Rng::new(32);
+    let mut rng = SplitMix64::new(32);
     let h = 1e-4;
     let qi_entries: Vec<usize> = (0..8)
         .map(|_| {
@@ -189,7 +219,7 @@ fn exact_gradients_match_finite_differences_of_the_loss() {
 fn single_token_sets_have_exactly_zero_gradients() {
     // Teacher and student are both the one-point distribution: dz = 1 - 1 = 0 exactly.
     let layout = VarlenLayout::documents(&[0, 1, 2, 3]).unwrap();
-    let only_block_0 = |l: &VarlenLayout, _: &mut Rng| {
+    let only_block_0 = |l: &VarlenLayout, _: &mut SplitMix64| {
         let mut topk = vec![-1i32; NUM_KV_HEADS * l.total_q() * TOPK_BLOCKS];
         topk.iter_mut().step_by(TOPK_BLOCKS).for_each(|e| *e = 0);
         topk
@@ -206,7 +236,7 @@ fn subsets_equal_full_results_and_threads_do_not_matter() {
         Some(&[0, 0, 0, 3]),
     )
     .unwrap();
-    let case = Case::new(layout, random_topk, 34);
+    let case = Case::new(layout, |l, rng| messy_topk(l, rng.next_u64()), 34);
     let inputs = case.inputs();
     let full = case.backward();
     let (tl, il) = (&case.teacher_lse, &case.indexer_lse);

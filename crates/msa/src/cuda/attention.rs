@@ -1,4 +1,4 @@
-//! The public CUDA API of the attention (contract §1.2-1.3): forward and backward (atomic or
+//! The public CUDA API of the attention (docs/contract.md §2.4): forward and backward (atomic or
 //! deterministic) on the metadata of `prepare`. Each allocates its outputs through
 //! [`CudaMsa::output`] (poisoned when asked) and its workspace, then calls [`raw::forward`] /
 //! [`raw::backward`], which check every size before any launch.

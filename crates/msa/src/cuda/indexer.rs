@@ -10,8 +10,8 @@ use crate::error::Result;
 use crate::raw;
 
 impl CudaMsa {
-    /// The indexer forward (contract §3.1) of `qi` `[T, 4, 128]` against the shared index keys
-    /// `ki` `[Tk, 1, 128]` (bf16): `(topk, lse)` with `topk` `[4, T, 16]` i32 (per head and
+    /// The indexer forward (docs/contract.md §3.1) of `qi` `[T, 4, 128]` against the shared index
+    /// keys `ki` `[Tk, 1, 128]` (bf16): `(topk, lse)` with `topk` `[4, T, 16]` i32 (per head and
     /// query the top min(15, p/128) non-local blocks by (score desc, id asc), then the local block,
     /// then -1) and `lse` `[4, T]` f32 (natural-log LSE of `qi·ki/√128` over the selected visible
     /// keys). Deterministic: repeated calls are bitwise equal.
@@ -44,7 +44,7 @@ impl CudaMsa {
         Ok((topk, lse))
     }
 
-    /// The `indexer_lse` input of [`CudaMsa::kl_backward`] (contract §3.2's consistency
+    /// The `indexer_lse` input of [`CudaMsa::kl_backward`] (docs/contract.md §3.2's consistency
     /// requirement): `[4, T]` f32, the natural-log LSE of `qi·ki/√128` (qi `[T, 4, 128]`, ki
     /// `[Tk, 1, 128]`, bf16) over the token sets of the selection `metadata` was built from,
     /// `-inf` for an empty set. Deterministic: repeated calls are bitwise equal.

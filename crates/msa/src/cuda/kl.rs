@@ -8,10 +8,10 @@ use super::{CudaMsa, Metadata, Views};
 use crate::error::Result;
 use crate::raw;
 
-/// Inputs of the KL backward (contract §1.5): the attention's q `[T, 64, 128]` and k
+/// Inputs of the KL backward (docs/contract.md §3.2): the attention's q `[T, 64, 128]` and k
 /// `[Tk, 4, 128]`, its forward LSE `teacher_lse` `[T, 64]`, the index tensors qi `[T, 4, 128]`
 /// and ki `[Tk, 1, 128]`, and `indexer_lse` `[4, T]`, the logsumexp of `qi·ki/√128` over the
-/// attention's own token sets (contract §3.2's consistency requirement).
+/// attention's own token sets (docs/contract.md §3.2, consistency).
 pub struct KlInputs<'a> {
     pub q: &'a CudaSlice<bf16>,
     pub k: &'a CudaSlice<bf16>,
@@ -22,9 +22,9 @@ pub struct KlInputs<'a> {
 }
 
 impl CudaMsa {
-    /// The KL backward (contract §3.2) of the selection `metadata` was built from: `(dqi, dki)`,
-    /// bf16 `[T, 4, 128]` and `[Tk, 1, 128]`, every element written (keys in no token set get
-    /// exact zeros). Deterministic: repeated calls are bitwise equal. `metadata` must have been
+    /// The KL backward (docs/contract.md §3.2) of the selection `metadata` was built from: `(dqi,
+    /// dki)`, bf16 `[T, 4, 128]` and `[Tk, 1, 128]`, every element written (keys in no token set
+    /// get exact zeros). Deterministic: repeated calls are bitwise equal. `metadata` must have been
     /// validated ([`CudaMsa::prepare`], or [`Metadata::check`] after `prepare_unchecked`).
     pub fn kl_backward(
         &self,

@@ -12,7 +12,8 @@
 //! [`CudaMsa::forward`] and [`CudaMsa::backward`] (`attention.rs`), the backward's pieces
 //! [`CudaMsa::task_build`] (`task_build.rs`) and `backward_*_into` (`pre_post.rs`),
 //! [`CudaMsa::indexer_forward`] and [`CudaMsa::selection_lse`] (`indexer.rs`), and
-//! [`CudaMsa::kl_backward`] (`kl.rs`).
+//! [`CudaMsa::kl_backward`] (`kl.rs`). `reference.rs` holds the naive fp32 GPU references,
+//! test oracles for the GPU suite ([`CudaMsa::reference_forward`] and its siblings).
 
 mod abi_check;
 mod attention;
@@ -21,6 +22,7 @@ mod kl;
 mod layout;
 mod pre_post;
 mod prepare;
+mod reference;
 mod task_build;
 mod views;
 
@@ -35,6 +37,7 @@ pub use attention::{BackwardOptions, DeviceForward, DeviceGrads};
 pub use kl::KlInputs;
 pub use layout::DeviceLayout;
 pub use prepare::Metadata;
+pub use reference::{ReferenceForward, ReferenceGrads};
 pub use task_build::{DeviceSchedule, DeviceTaskTables};
 pub(crate) use views::Views;
 

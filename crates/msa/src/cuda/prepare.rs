@@ -2,7 +2,7 @@
 //! CSR, the forward work list and the physical CSR of one selection, built by one launcher with
 //! no host synchronization. Every table equals `msa_plan`'s host build word for word.
 //!
-//! The metadata belongs to one top-k result (contract §1.1), so [`Metadata`] owns the device
+//! The metadata belongs to one top-k result (docs/contract.md §4), so [`Metadata`] owns the device
 //! selection it was built from; kernels that need the selection take it from there.
 
 use std::sync::Arc;

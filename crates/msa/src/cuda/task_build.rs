@@ -1,4 +1,4 @@
-//! The backward task build on the device (nemo-kernels §5.2): four launches turn the forward
+//! The backward task build on the device (docs/contract.md §5.2): four launches turn the forward
 //! schedule into locality-ordered task rows and the CTA walk, bit-exact with
 //! `msa_plan::build_backward_tasks` (scratch and tables word for word). The exact task count
 //! stays on the device; the host launches the main kernel with [`DeviceTaskTables::grid_launch`]

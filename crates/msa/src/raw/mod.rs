@@ -34,6 +34,7 @@ mod indexer;
 mod kl;
 mod layout;
 mod prepare;
+mod reference;
 mod shape;
 #[cfg(test)]
 mod tests;
@@ -49,6 +50,10 @@ pub use kl::{kl_backward, KlInputs};
 pub use layout::{build_layout, Layout, LayoutOutputs};
 pub use prepare::{
     prepare, prepare_workspace_bytes, read_error_word, validate_prepare, Metadata, PrepareOutputs,
+};
+pub use reference::{
+    reference_backward, reference_forward, reference_kl_backward, ReferenceBackwardInputs,
+    ReferenceGradients, ReferenceInputs, ReferenceKlInputs,
 };
 pub use shape::{BackwardPath, CallShape, KernelSet, Sizes};
 pub use view::{DevSlice, DevSliceMut, Elem, Stream};
