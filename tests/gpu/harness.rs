@@ -240,16 +240,25 @@ pub fn open_device() -> CudaMsa {
 
 /// The attention kernel sets this device runs, each on a fresh handle: `sm90` (the default on
 /// Hopper) and `sm80` (the mma.sync kernels, forced), or `sm80` alone elsewhere.
+/// `MSA_KERNEL_SETS=sm90` (or `sm80`) keeps one of them on Hopper.
 pub fn kernel_sets() -> Vec<(&'static str, CudaMsa)> {
     let default = open_device();
-    if default.uses_sm90_kernels() {
-        vec![
-            ("sm90", default),
-            ("sm80", open_device().with_sm80_kernels(true)),
-        ]
-    } else {
-        vec![("sm80", default)]
+    if !default.uses_sm90_kernels() {
+        return vec![("sm80", default)];
     }
+    let wanted = std::env::var("MSA_KERNEL_SETS").unwrap_or_else(|_| "sm90,sm80".into());
+    let mut sets = Vec::new();
+    if wanted.split(',').any(|k| k == "sm90") {
+        sets.push(("sm90", default));
+    }
+    if wanted.split(',').any(|k| k == "sm80") {
+        sets.push(("sm80", open_device().with_sm80_kernels(true)));
+    }
+    assert!(
+        !sets.is_empty(),
+        "MSA_KERNEL_SETS={wanted}: expected sm90 and/or sm80"
+    );
+    sets
 }
 
 /// The GPU indexer's selection for a case's qi/ki (MSA's own flow: indexer → attention).
