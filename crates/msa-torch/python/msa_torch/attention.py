@@ -159,8 +159,15 @@ def _int_tensor(op: str, name: str, t: Tensor, ndim: int) -> None:
         raise ValueError(f"msa_torch.{op}: {name} must be contiguous")
 
 
+_FP8_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+
+
 def _fp8(t: Tensor) -> bool:
-    return t.dtype.is_floating_point and t.element_size() == 1
+    return t.dtype in _FP8_DTYPES
 
 
 def _bf16_tensor(op: str, name: str, t: Tensor, shape: tuple, *, fp8_ok_msa: bool = False) -> None:
