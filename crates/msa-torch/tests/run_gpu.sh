@@ -44,6 +44,6 @@ PY
 echo "== pytest"
 cd "$crate"
 start=$SECONDS
-MSA_TORCH_REQUIRE_GPU=1 PYTHONPATH="$site" python3 -m pytest -q -ra -p no:cacheprovider \
+MSA_TORCH_REQUIRE_GPU=1 PYTHONPATH="$site" python3 -m pytest -q -rfEsxP -p no:cacheprovider \
     --durations=8 tests "$@"
 echo "run_gpu.sh: PASS ($((SECONDS - start)) s)"
