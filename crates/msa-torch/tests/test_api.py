@@ -137,6 +137,7 @@ def test_metadata_fields_start_with_msas():
     fields = [f.name for f in dataclasses.fields(attention.AttentionMetadata)]
     assert fields[: len(MSA_METADATA_FIELDS)] == MSA_METADATA_FIELDS
     assert attention.AttentionMetadata.__dataclass_params__.frozen
+    assert not attention.AttentionMetadata.__dataclass_params__.eq  # identity: fields are tensors
 
 
 def test_extension_reports_what_it_serves():

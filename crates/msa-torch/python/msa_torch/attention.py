@@ -36,7 +36,7 @@ __all__ = ["AttentionMetadata", "backward", "forward", "prepare"]
 _DEFAULT_SCALE = 128**-0.5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SparseAttentionSchedule:
     """The attention work list of one selection and what the backward derives from it."""
 
@@ -58,7 +58,7 @@ class SparseAttentionSchedule:
         return self.scheduler_metadata.shape[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PhysicalSchedule:
     """The physical CSR over (kv head, physical key block): the KL backward's and the sm_90a /
     deterministic attention backward's schedule."""
@@ -71,7 +71,7 @@ class PhysicalSchedule:
     physical_valid_rows: Tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class VarlenLayoutTensors:
     """The layout arrays msa-rs derives on the device from cu_seqlens and fragment_indices."""
 
@@ -85,10 +85,11 @@ class VarlenLayoutTensors:
     block_key_count: Tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AttentionMetadata:
     """The metadata of one top-k selection (MSA's fields first, then msa-rs's own). Shared by
-    that layer's forward, backward and KL backward; rebuild it whenever the top-k changes."""
+    that layer's forward, backward and KL backward; rebuild it whenever the top-k changes.
+    Frozen; compared and hashed by identity (its fields are tensors)."""
 
     topk_indices: Tensor
     cu_seqlens_q: Tensor
