@@ -2,7 +2,8 @@
 # msa-rs CI on a host without a GPU (2 cores, 90 min budget): formatting, lints, the README test
 # command, the bindings check, a compile-only build of every kernel for every architecture, and
 # lints + a link of the `msa` feature build (build.rs compiles the kernels with nvcc), the kernel
-# layer's GPU-free tests, and the dependency rule of the library crate `msa`.
+# layer's GPU-free tests, the dependency rule of the library crate `msa`, and msa-torch: its
+# extension's lints and host tests, the wheel (`cargo xtask wheel`) and the CPU pytest suite.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -92,5 +93,53 @@ step "link (--features msa)" \
 # The kernel layer's tests need no GPU (the linked architectures, CUDA's error strings from the
 # static cudart): run them, not only link them.
 step "kernel-layer tests (--features msa, no GPU)" cargo test -p msa-kernels --features msa
+
+# msa-torch (crates/msa-torch): `cargo test --workspace` above built it without features (no
+# Python, no nvcc); here the PyO3 module with the kernels (clippy does not link), the host tests
+# of its integer-level calls (kernels linked, no GPU needed), the wheel, and the CPU suite of
+# crates/msa-torch/tests against the installed wheel in a venv with torch (from PyPI, reused from
+# the per-user cache; MSA_TORCH_VENV overrides). The GPU tests skip here (no GPU): run_gpu.sh runs
+# them on a GPU host.
+torch_venv() {
+    local venv="${MSA_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/msa-rs/torch-venv}"
+    if ! "$venv/bin/python" -c 'import torch, pytest' >/dev/null 2>&1; then
+        python3 -m venv "$venv" >&2
+        "$venv/bin/python" -m pip install --quiet "torch==2.11.0" pytest >&2
+    fi
+    echo "$venv"
+}
+
+msa_torch_pytest() {
+    local venv wheel
+    venv="$(torch_venv)"
+    wheel="$(ls -t target/wheels/msa_torch-*.whl | head -n 1)"
+    "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall "$wheel"
+    (cd crates/msa-torch && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+}
+
+# The wheel carries the kernels and needs only libc, libm, libgcc_s and libstdc++ (the static
+# cudart loads libcuda.so.1 at run time): no libcudart, no libtorch, no libpython.
+wheel_links() {
+    local wheel dir so
+    wheel="$(ls -t target/wheels/msa_torch-*.whl | head -n 1)"
+    dir="$(mktemp -d)"
+    python3 -m zipfile -e "$wheel" "$dir"
+    so="$dir/msa_torch/_C.abi3.so"
+    readelf -d "$so" | grep NEEDED
+    if readelf -d "$so" | grep NEEDED | grep -vE '\[(libc|libm|libdl|libpthread|libgcc_s|libstdc\+\+|librt|ld-linux-x86-64)\.so'; then
+        echo "msa_torch/_C.abi3.so needs a library outside the allowed set"
+        return 1
+    fi
+    readelf -SW "$so" | grep -q '\.nv_fatbin' || { echo "no .nv_fatbin: kernels missing"; return 1; }
+    rm -rf "$dir"
+    echo "$wheel: abi3, kernels embedded, runtime dependencies within the allowed set"
+}
+
+step "clippy (msa-torch, --features extension-module)" \
+    cargo clippy -p msa-torch --features extension-module --all-targets -- -D warnings
+step "msa-torch host tests (--features kernels)" cargo test -p msa-torch --features kernels
+step "msa-torch wheel" cargo xtask wheel
+step "msa-torch wheel links" wheel_links
+step "msa-torch CPU pytest" msa_torch_pytest
 
 printf '\nCI passed in %d s\n' $((SECONDS - ci_start))

@@ -3,6 +3,7 @@
 mod bindings;
 mod build_kernels;
 mod gpu_bundle;
+mod wheel;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,11 +25,15 @@ commands:
   gpu-bundle [--out DIR] build (release, --features msa) the `msa` CLI and the GPU test suite,
                          strip them and package them with run.sh into DIR (default
                          .gpu-bundle/); fails above 64 MiB
+  wheel [--out DIR]      build the msa-torch wheel (maturin build --release of
+                         crates/msa-torch, installing the pinned maturin into the per-user
+                         cache if missing; $MATURIN overrides) into DIR (default
+                         target/wheels/) and print its path and size
   help                   this text
 
 environment: CUDA_HOME / CUDA_PATH / NVCC, CUTLASS_DIR, MSA_TOOLCHAIN_DIR (toolchain cache),
 MSA_PTXAS_VERBOSE=1 (ptxas register report), MSA_NVCC_JOBS (parallel nvcc in build.rs),
-MSA_KERNELS_BUILD_DIR (object cache; default target/msa-kernels-cache)";
+MSA_KERNELS_BUILD_DIR (object cache; default target/msa-kernels-cache), MATURIN (wheel)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -44,6 +49,7 @@ fn main() -> ExitCode {
         "build-kernels" => build_kernels::run(rest),
         "bindings" => bindings::run(rest),
         "gpu-bundle" => gpu_bundle::run(rest),
+        "wheel" => wheel::run(rest),
         other => Err(format!("unknown command `{other}`; see `cargo xtask help`")),
     };
     match result {
