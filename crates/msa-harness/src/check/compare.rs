@@ -73,7 +73,7 @@ const NEGLIGIBLE_RMS: f64 = 1e-7;
 
 /// Flattened cosine similarity in f64; any non-finite element fails.
 pub fn cosine(tensor: &str, actual: &[f32], expected: &[f32], min: f64) -> CheckLine {
-    cosine_line(tensor, actual, expected, min, false)
+    cosine_line(tensor, actual, expected, min, None)
 }
 
 /// [`cosine`] for attention gradients: two numerically zero tensors (RMS below
@@ -85,7 +85,7 @@ pub fn attention_grad_cosine(
     expected: &[f32],
     min: f64,
 ) -> CheckLine {
-    cosine_line(tensor, actual, expected, min, true)
+    cosine_line(tensor, actual, expected, min, Some(NEGLIGIBLE_RMS))
 }
 
 /// The sums every vector metric is made of, in f64.
@@ -159,12 +159,13 @@ impl Sums {
         }
     }
 
-    /// Whether both sides are numerically zero (see [`NEGLIGIBLE_RMS`]).
-    fn negligible(&self, n: usize) -> bool {
+    /// Whether both sides are numerically zero: RMS below `zero_rms` and within ten times it of
+    /// each other everywhere (see [`NEGLIGIBLE_RMS`], [`kl_gradient`]).
+    fn negligible(&self, n: usize, zero_rms: f64) -> bool {
         let n = n.max(1) as f64;
-        (self.ee / n).sqrt() < NEGLIGIBLE_RMS
-            && (self.aa / n).sqrt() < NEGLIGIBLE_RMS
-            && self.max_abs < 1e-6
+        (self.ee / n).sqrt() < zero_rms
+            && (self.aa / n).sqrt() < zero_rms
+            && self.max_abs < 10.0 * zero_rms
     }
 }
 
@@ -173,7 +174,7 @@ fn cosine_line(
     actual: &[f32],
     expected: &[f32],
     min: f64,
-    allow_zero: bool,
+    zero_rms: Option<f64>,
 ) -> CheckLine {
     assert_eq!(
         actual.len(),
@@ -182,7 +183,7 @@ fn cosine_line(
     );
     let sums = Sums::of(actual, expected);
     let (nonfinite, c, l2) = (sums.nonfinite, sums.cosine(), sums.l2_rel());
-    let negligible = allow_zero && sums.negligible(actual.len());
+    let negligible = zero_rms.is_some_and(|z| sums.negligible(actual.len(), z));
     CheckLine {
         tensor: tensor.to_string(),
         metric: "cosine",
@@ -205,7 +206,7 @@ fn cosine_line(
 /// element fails. Unlike the cosine it sees scale: a gradient multiplied by 1000 (or 0.01) has
 /// cosine 1 and relative L2 error 999 (0.99).
 pub fn l2_rel(tensor: &str, actual: &[f32], expected: &[f32], max: f64) -> CheckLine {
-    l2_rel_line(tensor, actual, expected, max, false)
+    l2_rel_line(tensor, actual, expected, max, None)
 }
 
 /// [`l2_rel`] for attention gradients: two numerically zero tensors pass, as in
@@ -216,7 +217,7 @@ pub fn attention_grad_l2_rel(
     expected: &[f32],
     max: f64,
 ) -> CheckLine {
-    l2_rel_line(tensor, actual, expected, max, true)
+    l2_rel_line(tensor, actual, expected, max, Some(NEGLIGIBLE_RMS))
 }
 
 fn l2_rel_line(
@@ -224,7 +225,7 @@ fn l2_rel_line(
     actual: &[f32],
     expected: &[f32],
     max: f64,
-    allow_zero: bool,
+    zero_rms: Option<f64>,
 ) -> CheckLine {
     assert_eq!(
         actual.len(),
@@ -233,7 +234,7 @@ fn l2_rel_line(
     );
     let sums = Sums::of(actual, expected);
     let (nonfinite, l2) = (sums.nonfinite, sums.l2_rel());
-    let negligible = allow_zero && sums.negligible(actual.len());
+    let negligible = zero_rms.is_some_and(|z| sums.negligible(actual.len(), z));
     let (na, ne) = (sums.aa.sqrt(), sums.ee.sqrt());
     CheckLine {
         tensor: tensor.to_string(),
@@ -282,6 +283,24 @@ pub fn attention_gradient(
     ]
 }
 
+/// [`gradient`] for the KL gradients dqi, dki: two tensors whose RMS is below `1e-5 ·
+/// grad_scale` pass both lines. When every query sees a single key the student and the teacher
+/// are both exactly 1, so dz = 0 and both sides hold only fp32 rounding of `exp(x − lse)` near 1
+/// (~1e-7 · grad_scale); a KL gradient of any other case is at least ~1e-4 · grad_scale.
+pub fn kl_gradient(
+    tensor: &str,
+    actual: &[f32],
+    expected: &[f32],
+    tol: &super::Tolerances,
+    grad_scale: f64,
+) -> [CheckLine; 2] {
+    let zero = Some(1e-5 * grad_scale.abs());
+    [
+        cosine_line(tensor, actual, expected, tol.grad_cosine, zero),
+        l2_rel_line(tensor, actual, expected, tol.grad_l2_rel, zero),
+    ]
+}
+
 /// Exact equality of integer tensors (metadata, selections).
 pub fn exact(tensor: &str, actual: &[i32], expected: &[i32]) -> CheckLine {
     let mismatches = actual.iter().zip(expected).filter(|(a, e)| a != e).count()
@@ -327,5 +346,42 @@ pub fn zeros(tensor: &str, values: &[f32], must_be_zero: impl Fn(usize) -> bool)
         limit: 0.0,
         passed: bad == 0,
         detail: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Tolerances;
+
+    /// Single-key KL gradients are rounding noise on both sides and pass; a kernel that loses a
+    /// real KL gradient (zeros against ~1e-3 · grad_scale) fails, and so does noise against it.
+    #[test]
+    fn kl_gradients_pass_only_when_both_sides_are_numerically_zero() {
+        let tol = Tolerances::strict();
+        let grad_scale = 0.0376;
+        let noise = |seed: u32| -> Vec<f32> {
+            (0..512u32)
+                .map(|i| {
+                    (((i.wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0) * 4e-9
+                })
+                .collect()
+        };
+        let (a, e) = (noise(1), noise(7));
+        assert!(
+            cosine("dqi", &a, &e, tol.grad_cosine).value < 0.99,
+            "uncorrelated noise"
+        );
+        assert!(kl_gradient("dqi", &a, &e, &tol, grad_scale)
+            .iter()
+            .all(|l| l.passed));
+        let real: Vec<f32> = e.iter().map(|x| x * 1e4).collect();
+        let lost = vec![0.0f32; real.len()];
+        assert!(kl_gradient("dqi", &lost, &real, &tol, grad_scale)
+            .iter()
+            .all(|l| !l.passed));
+        assert!(kl_gradient("dqi", &a, &real, &tol, grad_scale)
+            .iter()
+            .all(|l| !l.passed));
     }
 }
