@@ -283,10 +283,11 @@ pub fn attention_gradient(
     ]
 }
 
-/// [`gradient`] for the KL gradients dqi, dki: two tensors whose RMS is below `1e-5 ·
+/// [`gradient`] for the KL gradients dqi, dki: two tensors whose RMS is below `1e-4 ·
 /// grad_scale` pass both lines. When every query sees a single key the student and the teacher
-/// are both exactly 1, so dz = 0 and both sides hold only fp32 rounding of `exp(x − lse)` near 1
-/// (~1e-7 · grad_scale); a KL gradient of any other case is at least ~1e-4 · grad_scale.
+/// are both exactly 1, so dz = 0 and both sides hold only the rounding of `exp(x − lse)` near 1
+/// (scores of ~25 computed in two accumulation orders: ~1e-6 relative, so dqi, dki ~1e-6 ·
+/// grad_scale); a KL gradient of a query with two or more keys is ~1e-3 · grad_scale and larger.
 pub fn kl_gradient(
     tensor: &str,
     actual: &[f32],
@@ -294,7 +295,7 @@ pub fn kl_gradient(
     tol: &super::Tolerances,
     grad_scale: f64,
 ) -> [CheckLine; 2] {
-    let zero = Some(1e-5 * grad_scale.abs());
+    let zero = Some(1e-4 * grad_scale.abs());
     [
         cosine_line(tensor, actual, expected, tol.grad_cosine, zero),
         l2_rel_line(tensor, actual, expected, tol.grad_l2_rel, zero),
@@ -375,7 +376,7 @@ mod tests {
         assert!(kl_gradient("dqi", &a, &e, &tol, grad_scale)
             .iter()
             .all(|l| l.passed));
-        let real: Vec<f32> = e.iter().map(|x| x * 1e4).collect();
+        let real: Vec<f32> = e.iter().map(|x| x * 1e3).collect();
         let lost = vec![0.0f32; real.len()];
         assert!(kl_gradient("dqi", &lost, &real, &tol, grad_scale)
             .iter()
