@@ -364,7 +364,7 @@ mod tests {
         let noise = |seed: u32| -> Vec<f32> {
             (0..512u32)
                 .map(|i| {
-                    (((i.wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0) * 4e-9
+                    (((i.wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0) * 1e-7
                 })
                 .collect()
         };
