@@ -14,6 +14,8 @@
 //! patterns of [`PEAKED_PATTERNS`] unless `MSA_REAL_PEAKED_PATTERNS=all`); `MSA_REAL_FULL=0`
 //! skips the GPU-reference comparison (the sampled check stays).
 
+use std::time::Instant;
+
 use msa_harness::backend::{gpu_reference, Backend, RunOptions};
 use msa_harness::cases;
 use msa_harness::check::{against_full, against_reference, CheckReport, Sample, Tolerances};
@@ -81,10 +83,14 @@ fn real_cases_every_pattern() {
         let rank = (case.case_id % 16) as usize;
         let rc = cases::rank_case(&listed, case.case_id, rank).expect("rank case");
         for mode in modes() {
+            let t = Instant::now();
             let mut p = cases::build_in(&rc, Pattern::Recent16, 0, mode);
+            let mut build_s = t.elapsed().as_secs_f64();
             for pattern in patterns(mode) {
                 if mode == InputMode::Peaked && pattern != Pattern::Recent16 {
+                    let t = Instant::now();
                     p = cases::build_in(&rc, pattern, 0, mode);
+                    build_s = t.elapsed().as_secs_f64();
                 }
                 // The indexer pattern takes its selection from the GPU indexer itself (MSA's own
                 // flow); the indexer's rules, ranking and LSE are checked with the rest. Peaked
@@ -98,9 +104,12 @@ fn real_cases_every_pattern() {
                     InputMode::Msa => format!("case{}/r{rank}/{pattern}", case.case_id),
                     _ => format!("case{}/r{rank}/{pattern}/{mode}", case.case_id),
                 };
+                let t = Instant::now();
                 let result = cuda
                     .run(&p, &opts)
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let run_s = t.elapsed().as_secs_f64();
+                let t = Instant::now();
                 let sample = Sample::new(&p.layout, SAMPLE_QUERIES, SAMPLE_BLOCKS, case.case_id);
                 let kl = result
                     .kl_indexer_lse
@@ -108,12 +117,25 @@ fn real_cases_every_pattern() {
                     .map(|l| (l, harness::LOSS_COEFF));
                 let mut report =
                     against_reference(&p, &result.outputs, &sample, &tol, kl).expect("reference");
+                let sampled_s = t.elapsed().as_secs_f64();
+                let (mut reference_s, mut full_s) = (0.0, 0.0);
                 if full {
+                    let t = Instant::now();
                     let want = gpu_reference(device, &p, &result.outputs, kl)
                         .unwrap_or_else(|e| panic!("{name}: GPU reference: {e}"));
+                    reference_s = t.elapsed().as_secs_f64();
+                    let t = Instant::now();
                     let all = against_full(&p, &result.outputs, &want, &tol).expect("full check");
+                    full_s = t.elapsed().as_secs_f64();
                     report.extend(prefixed("full", all));
                 }
+                // Where the sweep's wall time goes (host seconds per phase), to size its runs.
+                let host_s = serde_json::json!({
+                    "build": build_s, "run": run_s, "sampled_check": sampled_s,
+                    "gpu_reference": reference_s, "full_check": full_s,
+                });
+                build_s = 0.0;
+                eprintln!("[real_cases] {name}: host seconds {host_s}");
                 let times: Vec<_> = result
                     .times
                     .iter()
@@ -127,7 +149,7 @@ fn real_cases_every_pattern() {
                     "times": times, "T": p.layout.total_q(), "Tk": p.layout.total_k(),
                     "fragments": p.layout.batch(), "inputs": mode.name(),
                     "coverage": if full { "full+sampled" } else { "sampled" },
-                    "sampled_queries": sample.queries.len(),
+                    "sampled_queries": sample.queries.len(), "host_s": host_s,
                 });
                 harness::record_soft("real_cases", &name, &report, extra);
             }

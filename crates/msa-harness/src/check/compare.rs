@@ -283,6 +283,13 @@ pub fn attention_gradient(
     ]
 }
 
+/// The scale of the KL gradients (docs/contract.md §3.2): iscale · loss_coeff / (4 · max(T, 1)).
+pub fn kl_grad_scale(loss_coeff: f32, total_q: usize) -> f64 {
+    f64::from(loss_coeff)
+        / (msa_plan::topology::INDEX_DIM as f64).sqrt()
+        / (4.0 * total_q.max(1) as f64)
+}
+
 /// [`gradient`] for the KL gradients dqi, dki: two tensors whose RMS is below `1e-4 ·
 /// grad_scale` pass both lines. When every query sees a single key the student and the teacher
 /// are both exactly 1, so dz = 0 and both sides hold only the rounding of `exp(x − lse)` near 1

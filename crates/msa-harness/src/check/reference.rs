@@ -250,10 +250,7 @@ pub fn against_reference(
                 .flat_map(|(_, rows)| gather_rows(dki, INDEX_DIM, rows.clone()))
                 .collect()
         };
-        // The KL's grad_scale (docs/contract.md §3.2): iscale · loss_coeff / (4 · max(T, 1)).
-        let grad_scale = f64::from(loss_coeff)
-            / (INDEX_DIM as f64).sqrt()
-            / (4.0 * p.layout.total_q().max(1) as f64);
+        let grad_scale = compare::kl_grad_scale(loss_coeff, p.layout.total_q());
         r.push_all(compare::kl_gradient(
             "dqi",
             &gather_rows(dqi, NUM_INDEX_HEADS * INDEX_DIM, qs.iter().copied()),
