@@ -75,10 +75,10 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
     for &stage in &opts.stages {
         let ms = match stage {
             Stage::Prepare => {
-                let spacer = match &mut spacer {
-                    Some(s) => s,
-                    None => spacer.insert(m.zeros::<u8>(SPACER_BYTES)?),
-                };
+                if spacer.is_none() {
+                    spacer = Some(m.zeros::<u8>(SPACER_BYTES)?);
+                }
+                let spacer = spacer.as_mut().expect("allocated above");
                 time(
                     m,
                     opts,
