@@ -210,6 +210,7 @@ __device__ int scan_by_head(const int* in, int len, int* per_head, const int* fl
         }
         if (flat_out != nullptr) flat_out[n] = flat_carry;
     }
+    __syncthreads();  // thread 0 has read head_base: the next scan may overwrite it
     return flat_carry;
 }
 
