@@ -7,8 +7,7 @@
 //! a buffer of another CUDA context is rejected before any launch.
 //!
 //! Capture happens after one eager run: the launchers read the device's SM version and count
-//! with `cudaDeviceGetAttribute` once per process (`raw::device_kernels` does it too) and CUB
-//! caches its device properties on first use; the sm_90a kernels encode their TMA descriptors on
+//! with `cudaDeviceGetAttribute` once per process (`raw::device_kernels` does it too); the sm_90a kernels encode their TMA descriptors on
 //! the host at launch (captured by value: replays use the same buffers) and read item counts on
 //! the device, so nothing in the captured calls synchronizes or depends on a host value of the
 //! selection.

@@ -342,7 +342,7 @@ fn prepare_reports_each_topk_fault_like_the_planner() {
         let host_err = validate_topk(&l, &topk).err();
         let mut report = CheckReport::default();
         // The unchecked build still equals the host's tables, faults included: edges are the
-        // entries 0 <= e < num_blocks on both sides (non-causal ones and repeats too).
+        // entries 0 <= e < num_blocks on both sides (non-causal ones too; a repeat once).
         let meta = device_metadata(msa, &dl, &topk);
         report.extend(compare_metadata(
             msa,

@@ -132,6 +132,7 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     json.write(|| Environment::with_device(0).record())?;
     let selection = &plan.selection;
     let mut rows = Vec::new();
+    let mut shares: Vec<(String, f64)> = Vec::new();
     // The last (case, rank, seed) built, kept while the specs only change its pattern (they are
     // adjacent).
     let mut built: Option<((u64, usize, u64), RankCase, CallInputs)> = None;
@@ -174,10 +175,14 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
         };
         json.write(|| case.record(&opts))?;
         rows.extend(case.rows());
+        if let Some(share) = prepare_share(&times) {
+            shares.push((spec.name(), share));
+        }
     }
     let summaries = bench::summarize(&rows);
     if selection.specs.len() > 1 {
         print_summary(&summaries);
+        print_prepare_shares(&shares);
     }
     for s in &summaries {
         json.write(|| s.record())?;
@@ -216,6 +221,27 @@ fn print_case(
             t.min(),
             t.quantile(0.9)
         );
+    }
+    if let Some(share) = prepare_share(times) {
+        println!("  prepare = {share:.1}% of forward");
+    }
+}
+
+/// The unchecked prepare's median as a percentage of the forward's, when both were timed
+/// (issue 11's target: at most 5 on every row).
+fn prepare_share(times: &[bench::StageTimes]) -> Option<f64> {
+    let median = |stage| times.iter().find(|t| t.stage == stage).map(|t| t.median());
+    Some(100.0 * median(Stage::Prepare)? / median(Stage::Forward)?)
+}
+
+/// Every row's prepare share and the largest.
+fn print_prepare_shares(shares: &[(String, f64)]) {
+    let Some((worst, max)) = shares.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return;
+    };
+    println!("prepare as % of forward (medians): max {max:.1} ({worst})");
+    for (name, share) in shares {
+        println!("  {name:<32} {share:>6.1}");
     }
 }
 

@@ -186,8 +186,8 @@ fn bench_names_a_bad_stage_and_needs_the_gpu() {
     assert_invalid_value(&o, "fwd", "--stages");
     assert!(
         stderr(&o).contains(
-            "[possible values: prepare, forward, backward, backward_det, indexer, selection_lse, kl, \
-             forward_sm80, backward_sm80]"
+            "[possible values: prepare, prepare_checked, forward, backward, backward_det, indexer, \
+             selection_lse, kl, forward_sm80, backward_sm80]"
         ),
         "{}",
         stderr(&o)

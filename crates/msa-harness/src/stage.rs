@@ -8,9 +8,13 @@ use msa_plan::flops::FlopModel;
 pub enum Stage {
     /// Host-to-device copies of the layout and the attention inputs (nothing on the CPU).
     Upload,
-    /// `prepare`: selection validation (one host synchronization on the GPU) and the metadata
-    /// build.
+    /// `prepare`: the metadata build with the selection validated on the device. `msa bench`
+    /// times the unchecked call (error word written, not read: no host synchronization), as a
+    /// training step runs it; `msa run` times the checked one.
     Prepare,
+    /// `prepare` followed by the validation read (one host synchronization on the GPU): what
+    /// `CudaMsa::prepare` returns, the host's typed error included.
+    PrepareChecked,
     Forward,
     /// Atomic backward: delta, device task build, KV-parallel main kernel, postprocess.
     Backward,
@@ -31,8 +35,9 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage `msa bench` can time: the API's entry points, in call order.
-    pub const BENCH: [Stage; 9] = [
+    pub const BENCH: [Stage; 10] = [
         Stage::Prepare,
+        Stage::PrepareChecked,
         Stage::Forward,
         Stage::Backward,
         Stage::BackwardDeterministic,
@@ -47,6 +52,7 @@ impl Stage {
         match self {
             Stage::Upload => "upload",
             Stage::Prepare => "prepare",
+            Stage::PrepareChecked => "prepare_checked",
             Stage::Forward => "forward",
             Stage::Backward => "backward",
             Stage::BackwardDeterministic => "backward_det",
@@ -61,7 +67,7 @@ impl Stage {
     /// Useful FLOPs of one call (MSA FLOP model); `None` for stages the model does not count.
     pub fn flops(self, model: &FlopModel) -> Option<f64> {
         match self {
-            Stage::Upload | Stage::Prepare | Stage::SelectionLse => None,
+            Stage::Upload | Stage::Prepare | Stage::PrepareChecked | Stage::SelectionLse => None,
             Stage::Forward | Stage::ForwardSm80 => Some(model.fwd),
             Stage::Backward | Stage::BackwardDeterministic | Stage::BackwardSm80 => Some(model.bwd),
             Stage::Indexer => Some(model.indexer),
@@ -99,6 +105,7 @@ mod tests {
         assert_eq!(
             flops,
             [
+                None,
                 None,
                 Some(2.0),
                 Some(5.0),

@@ -412,7 +412,7 @@ pub struct MsaPrepareOutputs {
     pub q_indices: *mut i32,
     #[doc = " [4, T * 16]: q_local | writer_rank << 24, -1 tail"]
     pub qsplit: *mut i32,
-    #[doc = " [T, 4]: entries 0 <= e < num_blocks per (query, head)"]
+    #[doc = " [T, 4]: edges per (query, head): entries 0 <= e < num_blocks,\na repeated value once"]
     pub split_counts: *mut i32,
     #[doc = " [cap, 6]: (head, row, q_begin, q_count, fragment, level) in\nthe order head, row, chunk; rows past the items are 0"]
     pub scheduler_metadata: *mut i32,
@@ -757,12 +757,12 @@ unsafe extern "C" {
         out: MsaLayoutOutputs,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of\n varlen are read): CUB temporary storage plus the sort and count arrays. Host-only, but CUB\n asks the runtime for the current device's properties, so a context must be current.\n Writes *bytes; returns a cudaError_t code."]
+    #[doc = " Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of\n varlen are read): the selection bitmap and its prefixes, 2 x 4 x max(max_blocks, 1) x\n (ceil(T / 32) + 1) words, plus the row and count arrays (O(B + 4R + 4P) words). Host\n arithmetic, no CUDA call. Writes *bytes; returns a cudaError_t code."]
     pub fn msa_prepare_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Validates topk [4, T, 16] and builds every MsaPrepareOutputs tensor from it.\n target_q_per_cta: chunk size of the work list, a positive multiple of 8\n (msa_plan::schedule::balanced_target_q_per_cta); work_capacity: rows of scheduler_metadata\n (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what\n msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are\n scratch. Invalid entries never index out of bounds: CSR edges are the entries with\n 0 <= e < num_blocks, as msa_plan::csr. Enqueues 3 memsets, 9 kernels and 4 CUB calls on\n stream; never synchronizes. Returns a cudaError_t code."]
+    #[doc = " Validates topk [4, T, 16] and builds every MsaPrepareOutputs tensor from it.\n target_q_per_cta: chunk size of the work list, a positive multiple of 8\n (msa_plan::schedule::balanced_target_q_per_cta); work_capacity: rows of scheduler_metadata\n (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what\n msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are\n scratch. Invalid entries never index out of bounds: CSR edges are the entries with\n 0 <= e < num_blocks, a repeated value once, as msa_plan::csr. Enqueues 1 memset and 4\n kernels on stream (docs/perf/schedule.md); never synchronizes. Returns a cudaError_t code."]
     pub fn msa_prepare_metadata(
         topk: *const i32,
         varlen: MsaVarlen,

@@ -4,9 +4,10 @@
 //!
 //! Both are built by a stable counting sort over queries in packed order, so the queries of a row
 //! ascend — the forward kernel's causal "diagonal prefix" and the backward task build rely on it.
-//! An entry counts iff `0 <= e < num_blocks` of the query's fragment (as MSA's histogram); range
-//! and causality are [`crate::topk::validate_topk`]'s job, and a duplicate that slipped through
-//! would give two edges, as on the device.
+//! An entry is an edge iff `0 <= e < num_blocks` of the query's fragment (as MSA's histogram) and
+//! no earlier slot of the row holds `e`; range, causality and duplicates are
+//! [`crate::topk::validate_topk`]'s job, and a duplicate that slipped through is one edge, as on
+//! the device (whose CSR build keeps one bit per (query, block)).
 
 use crate::error::Result;
 use crate::layout::VarlenLayout;
@@ -32,7 +33,8 @@ pub struct K2qCsr {
     pub q_indices: Vec<i32>,
     /// `[4, T·16]`: `q_local | writer_rank << 24` at the same positions, `-1` tail.
     pub qsplit: Vec<i32>,
-    /// `[T, 4]`: valid entries per (query, head), the partials the combine merges.
+    /// `[T, 4]`: edges per (query, head) (valid entries, a repeated value once), the partials
+    /// the combine merges.
     pub split_counts: Vec<i32>,
 }
 
@@ -84,21 +86,25 @@ impl PhysicalCsr {
     }
 }
 
-/// One query's valid selected blocks with their writer ranks, in slot order.
+/// One query's edges with their writer ranks, in slot order.
 struct QueryEdges {
-    /// `(block, writer_rank)` of each valid entry.
+    /// `(block, writer_rank)` of each edge.
     edges: [(usize, i32); TOPK_BLOCKS],
     len: usize,
 }
 
-/// Valid entries of one (head, query) and their ranks in ascending block order.
+/// Edges of one (head, query): its valid entries in slot order, each value once, with the writer
+/// rank (the row's valid entries below it).
 fn query_edges(entries: &[i32], num_blocks: usize) -> QueryEdges {
     let is_valid = |e: i32| e >= 0 && (e as usize) < num_blocks;
     let mut out = QueryEdges {
         edges: [(0, 0); TOPK_BLOCKS],
         len: 0,
     };
-    for &e in entries.iter().filter(|&&e| is_valid(e)) {
+    for (s, &e) in entries.iter().enumerate() {
+        if !is_valid(e) || entries[..s].contains(&e) {
+            continue;
+        }
         let rank = entries.iter().filter(|&&o| is_valid(o) && o < e).count() as i32;
         out.edges[out.len] = (e as usize, rank);
         out.len += 1;
@@ -282,6 +288,23 @@ mod tests {
         assert!(phys.valid[32..64].iter().all(|&v| v == 128));
         assert_eq!(phys.valid[64], 97 | 1 << 8);
         assert_eq!(phys.valid[95], 128 | 1 << 8);
+    }
+
+    #[test]
+    fn a_repeated_entry_is_one_edge() {
+        let l = VarlenLayout::new(&[0, 300], &[0, 300], None).unwrap();
+        let mut topk = vec![-1; 4 * 300 * 16];
+        // Query 299 (own block 2) of head 0 selects block 1 twice and block 0 once.
+        topk[299 * 16..299 * 16 + 3].copy_from_slice(&[1, 0, 1]);
+        let csr = build_k2q_csr(&l, &topk).unwrap();
+        assert_eq!(csr.split_counts[299 * 4], 2);
+        assert_eq!(&csr.row_ptr[..4], &[0, 1, 2, 2]);
+        assert_eq!(&csr.q_indices[..3], &[299, 299, -1]);
+        // Block 0 has rank 0, block 1 rank 1 (its earlier copy counts no lower entry twice).
+        assert_eq!(&csr.qsplit[..2], &[299, 299 | 1 << 24]);
+        let phys = build_physical_csr(&l, &topk).unwrap();
+        assert_eq!(&phys.row_ptr[..4], &[0, 1, 2, 2]);
+        assert_eq!(&phys.q_indices[..3], &[299, 299, -1]);
     }
 
     #[test]

@@ -97,8 +97,8 @@ pub fn backward_path_name(path: BackwardPath) -> &'static str {
 
 /// Every size of a call by name: the shape's integers, each [`Sizes`] field (element counts),
 /// and the workspace bytes of each kernel set and backward path (`forward_workspace_bytes_sm90a`,
-/// `backward_workspace_bytes_deterministic`, ...). Prepare's scratch is not here: it needs a
-/// device ([`prepare_workspace_bytes`]).
+/// `backward_workspace_bytes_deterministic`, ...). Prepare's scratch is not here: the kernel
+/// library sizes it ([`prepare_workspace_bytes`]).
 pub fn size_entries(shape: &CallShape) -> Vec<(&'static str, usize)> {
     let Sizes {
         cu_seqlens,
@@ -302,7 +302,7 @@ pub unsafe fn build_layout(
 /// `raw::prepare_workspace_bytes`.
 ///
 /// # Safety
-/// A CUDA context of the call's device must be current on this thread.
+/// `raw::prepare_workspace_bytes`'s (none today).
 pub unsafe fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
     // SAFETY: the caller's contract.
     unsafe { raw::prepare_workspace_bytes(shape) }

@@ -381,7 +381,7 @@ def test_cuda_graph_replays_prepare_forward_backward_with_a_new_topk():
         fast = attention.backward(case.q, case.k, case.v, case.dout, out, lse, meta)
         return meta, out, lse, det, fast
 
-    # Warm up on a side stream (first launches read device attributes, CUB caches its own).
+    # Warm up on a side stream (first launches read device attributes).
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -5,9 +5,10 @@
  * planner's table word for word (msa_plan::layout, topk, csr, schedule), which the GPU suite
  * checks.
  *
- * Construction is deterministic: counts use commutative atomics only, every order comes from a
- * stable radix sort of the edges in (head, query, slot) order, and the first fault of the top-k
- * validation is an atomicMin over linear indices. Nothing depends on atomic ordering. */
+ * Construction is deterministic: edges are bits of a (head, block) x query bitmap set by atomicOr,
+ * every slot is a popcount prefix of that bitmap (rows list their queries in ascending order, as
+ * the host's stable scatter), counts are integer sums, and the first fault of the top-k
+ * validation is an atomicMax over complemented linear indices. Nothing depends on timing. */
 #ifndef MSA_PREPARE_H
 #define MSA_PREPARE_H
 
@@ -56,7 +57,8 @@ typedef struct MsaPrepareOutputs {
     int32_t* row_ptr;            /* [4, R + 1]: k2q CSR offsets per head (level-major rows) */
     int32_t* q_indices;          /* [4, T * 16]: fragment-local queries, ascending per row, -1 tail */
     int32_t* qsplit;             /* [4, T * 16]: q_local | writer_rank << 24, -1 tail */
-    int32_t* split_counts;       /* [T, 4]: entries 0 <= e < num_blocks per (query, head) */
+    int32_t* split_counts;       /* [T, 4]: edges per (query, head): entries 0 <= e < num_blocks,
+                                    a repeated value once */
     int32_t* scheduler_metadata; /* [cap, 6]: (head, row, q_begin, q_count, fragment, level) in
                                     the order head, row, chunk; rows past the items are 0 */
     int32_t* work_count;         /* [1]: number of work items */
@@ -68,9 +70,9 @@ typedef struct MsaPrepareOutputs {
 } MsaPrepareOutputs;
 
 /* Scratch bytes msa_prepare_metadata needs for this layout's sizes (only the size fields of
- * varlen are read): CUB temporary storage plus the sort and count arrays. Host-only, but CUB
- * asks the runtime for the current device's properties, so a context must be current.
- * Writes *bytes; returns a cudaError_t code. */
+ * varlen are read): the selection bitmap and its prefixes, 2 x 4 x max(max_blocks, 1) x
+ * (ceil(T / 32) + 1) words, plus the row and count arrays (O(B + 4R + 4P) words). Host
+ * arithmetic, no CUDA call. Writes *bytes; returns a cudaError_t code. */
 int msa_prepare_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 
 /* Validates topk [4, T, 16] and builds every MsaPrepareOutputs tensor from it.
@@ -79,8 +81,8 @@ int msa_prepare_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what
  * msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are
  * scratch. Invalid entries never index out of bounds: CSR edges are the entries with
- * 0 <= e < num_blocks, as msa_plan::csr. Enqueues 3 memsets, 9 kernels and 4 CUB calls on
- * stream; never synchronizes. Returns a cudaError_t code. */
+ * 0 <= e < num_blocks, a repeated value once, as msa_plan::csr. Enqueues 1 memset and 4
+ * kernels on stream (docs/perf/schedule.md); never synchronizes. Returns a cudaError_t code. */
 int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen, int32_t target_q_per_cta,
                          int32_t work_capacity, MsaPrepareOutputs out, void* workspace,
                          size_t workspace_bytes, void* stream);

@@ -1,4 +1,5 @@
-// Constants and fragment facts shared by the prepare kernels (kernels/src/prepare/prepare.cu).
+// Constants, fragment facts and the selection bitmap shared by the prepare kernels
+// (kernels/src/prepare/prepare.cu).
 #pragma once
 
 #include "msa/common.h"
@@ -9,18 +10,17 @@ namespace msa {
 namespace {
 
 constexpr int kWorkWords = MSA_WORK_WORDS;  // scheduler_metadata row
-constexpr int kEdgesPerQuery = kIndexHeads * kTopK;  // top-k entries of one query
-// Edge threads decode (head, query, slot) from their linear index with shifts.
-static_assert(kTopK == 16 && kEdgesPerQuery == 64, "lin = (head * T + q) * 16 + slot");
+static_assert(kTopK == 16, "a query's 16 slots are one thread's registers");
 constexpr unsigned kFullMask = 0xffffffffu;
-// The fault word starts as all ones (memset 0xFF): larger than any (lin << 8 | code).
-constexpr unsigned long long kNoFault = ~0ull;
+constexpr int kTileQueries = 32;  // queries per bitmap word: one warp, lane = q % 32
 
-constexpr int kThreads = 256;        // every grid-shaped kernel
-constexpr int kRowMapThreads = 256;  // one CTA per level
+constexpr int kThreads = 256;          // select, level and scatter kernels
+constexpr int kOffsetThreads = 1024;   // offsets_kernel: one CTA scans every count
+constexpr int kOffsetItems = 8;        // items per thread per pass of those scans
 
 // The fragment facts the kernels below use, evaluated once (common/varlen.cuh's helper).
 struct Frag {
+    int first;
     int q_start;
     int q_len;
     int k_len;
@@ -30,7 +30,78 @@ struct Frag {
 
 __device__ __forceinline__ Frag fragment(const MsaVarlen& v, int b) {
     const FragmentCoord c = fragment_coord(v, b);
-    return Frag{c.q_start, c.q_len, c.k_len, c.num_blocks(), c.phys_base()};
+    return Frag{c.first, c.q_start, c.q_len, c.k_len, c.num_blocks(), c.phys_base()};
+}
+
+// The selection bitmap: column (head, level) holds one bit per packed query, set iff the query's
+// top-k row of that head selects its fragment's block `level` (0 <= level < num_blocks, first
+// occurrence). Word w of a column covers queries 32 w .. 32 w + 31; a column has tiles + 1 words,
+// the last always zero, so prefix(T) needs no special case. prefix holds each word's exclusive
+// prefix of set bits within its column.
+struct Bitmap {
+    unsigned* words;  // [4 * levels, stride], zeroed before the select kernel
+    int* prefix;      // [4 * levels, stride], written by level_kernel
+    int levels;       // max(max_blocks, 1)
+    int stride;       // ceil(T / 32) + 1
+
+    __device__ __forceinline__ size_t column(int head, int level) const {
+        return (static_cast<size_t>(head) * levels + level) * stride;
+    }
+    // Set bits of column `col` at packed queries < x (0 <= x <= T).
+    __device__ __forceinline__ int before(size_t col, int x) const {
+        const int w = x / kTileQueries;
+        const unsigned below = (1u << (x % kTileQueries)) - 1u;
+        return prefix[col + w] + __popc(words[col + w] & below);
+    }
+};
+
+// One (head, query) top-k row in registers and the rules of msa_plan::topk and msa_plan::csr:
+// an entry is an edge iff 0 <= e < num_blocks and no earlier slot holds the same value; its
+// writer rank counts the row's valid entries with a smaller block id.
+struct TopkRow {
+    int value[kTopK];
+    unsigned valid;  // bit s: 0 <= value[s] < num_blocks
+    unsigned dup;    // bit s: an earlier slot holds value[s]
+
+    __device__ __forceinline__ void load(const int* __restrict__ row, int num_blocks) {
+#pragma unroll
+        for (int s = 0; s < kTopK; ++s) value[s] = row[s];
+        valid = 0u;
+        dup = 0u;
+#pragma unroll
+        for (int s = 0; s < kTopK; ++s) {
+            if (value[s] >= 0 && value[s] < num_blocks) valid |= 1u << s;
+#pragma unroll
+            for (int j = 0; j < s; ++j) {
+                if (value[j] == value[s]) dup |= 1u << s;
+            }
+        }
+    }
+    __device__ __forceinline__ unsigned edges() const { return valid & ~dup; }
+    __device__ __forceinline__ int rank(int s) const {
+        int r = 0;
+#pragma unroll
+        for (int j = 0; j < kTopK; ++j) r += ((valid >> j) & 1u) && value[j] < value[s] ? 1 : 0;
+        return r;
+    }
+};
+
+// The query-shaped grid: thread (head, tile, lane) owns packed query q = 32 tile + lane of that
+// head, so a warp is one bitmap word; lanes with q >= T are dead but take part in warp votes.
+struct QueryThread {
+    int head;
+    int q;
+    bool live;
+};
+
+__device__ __forceinline__ QueryThread query_thread(int total_q, int tiles) {
+    const long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+    const long long per_head = static_cast<long long>(tiles) * kTileQueries;
+    QueryThread t;
+    t.head = int(i / per_head);
+    t.q = int(i - t.head * per_head);
+    t.live = t.head < kIndexHeads && t.q < total_q;
+    return t;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@ mod flops;
 mod layout_device;
 mod mutations;
 mod packed;
+mod prepare_device;
 mod tasks;
 mod topk;
 mod walk;

@@ -6,8 +6,8 @@
 //!
 //! 1. [`CallShape::new`] validates the integers of one call (MSA's `prepare` takes them as host
 //!    ints: total_q, total_k, batch, total_rows, max_seqlen_k) and [`CallShape::sizes`] gives the
-//!    element count of every device tensor and the bytes of every workspace ([`Sizes`]); only
-//!    prepare's CUB scratch needs a current CUDA context ([`prepare_workspace_bytes`]).
+//!    element count of every device tensor and the bytes of every workspace ([`Sizes`]; prepare's
+//!    scratch comes from the kernel library, [`prepare_workspace_bytes`]).
 //! 2. [`build_layout`] derives the layout arrays (fragment of each query, first fragment, block
 //!    key ranges) on the device from cu_seqlens_q/k and fragment_indices.
 //! 3. [`prepare`] (unchecked, never synchronizes) builds the metadata of one selection;

@@ -139,23 +139,22 @@ impl PrepareOutputs {
     }
 }
 
-/// Scratch bytes [`prepare`] needs for `shape`: CUB's temporary storage plus the sort and count
-/// arrays (`msa_prepare_workspace_bytes`). Host arithmetic, but CUB asks the runtime for the
-/// current device's properties (its tuning depends on the architecture), so this is the one size
-/// that [`Sizes`](super::Sizes) cannot give without a device.
+/// Scratch bytes [`prepare`] needs for `shape`: the selection bitmap with its prefixes and the
+/// row and count arrays (`msa_prepare_workspace_bytes`, the kernel library's own carve, so the
+/// two cannot disagree). Host arithmetic: no CUDA call, no context needed.
 ///
 /// # Safety
-/// A CUDA context of the device the call runs on must be current on the calling thread (the
-/// runtime's current device is the one queried).
+/// None today; the function stays `unsafe` (it calls into the kernel library) so that callers
+/// written when the size came from CUB, which needed a current context, keep compiling.
 pub unsafe fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
-    // SAFETY: the caller made a context current; only size fields are read.
+    // SAFETY: host arithmetic over size fields only.
     Ok(unsafe { launch::prepare::workspace_bytes(shape.varlen_sizes())? })
 }
 
 /// Validate `topk` (`[4, T, 16]` i32) and build every tensor of `out` from it on `stream`: one
-/// launcher (3 memsets, 9 kernels, 4 CUB calls), no host synchronization, never an
-/// out-of-bounds access on an invalid selection (CSR edges are the entries
-/// `0 <= e < num_blocks`), graph-capturable. The selection is NOT checked on the host: read
+/// launcher (1 memset, 4 kernels), no host synchronization, never an out-of-bounds access on an
+/// invalid selection (CSR edges are the entries `0 <= e < num_blocks`, a repeated value once),
+/// graph-capturable. The selection is NOT checked on the host: read
 /// `out.error_word` with [`validate_prepare`] (or on the device) before trusting the metadata;
 /// kernels run on an invalid selection compute garbage. `workspace` must hold at least
 /// [`prepare_workspace_bytes`] (any alignment). Lengths are checked before any launch.

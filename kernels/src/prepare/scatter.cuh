@@ -1,0 +1,132 @@
+// Prepare: the CSR edges at their final slots, the -1 tails and the forward work list
+// (msa_plan::csr, msa_plan::schedule::build_work_items), after the level and offsets kernels.
+#pragma once
+
+#include "prepare/prepare_common.cuh"
+
+namespace msa {
+namespace {
+
+struct ScatterArgs {
+    const int* topk;
+    const int* row_offsets;
+    const int* row_map;
+    const int* row_frag;
+    const int* row_level;
+    const int* counts;
+    const int* row_first;
+    const int* phys_shift;
+    const int* work_offsets;
+    const int* row_ptr;
+    const int* phys_row_ptr;
+    int* q_indices;
+    int* qsplit;
+    int* phys_q_indices;
+    int* phys_valid;
+    int* meta;
+    int target;
+    int capacity;
+    int tiles;
+    unsigned query_ctas;  // CTAs of the query part; the rest write scheduler_metadata
+};
+
+// Edge (head h, query q, block L) of fragment b sits in its k2q row (b, L) at
+// row_ptr[h, row] + #{edges of the row before q}, and in physical block phys_base + L at
+// phys_row_ptr[h, pb] + #{edges of the block from the document's earlier fragments} + the same
+// count: both rows list queries in ascending packed order, and the count is the column's bits
+// between the fragment's first query and q. The bitmap holds each (query, block) once, so a
+// duplicate entry is one edge (msa_plan::csr), written by its first slot. Slots
+// [16 q, 16 q + 16) of the head that lie past its edge count get -1.
+__device__ __forceinline__ void scatter_query(const MsaVarlen& v, const Bitmap& bm, const ScatterArgs& a) {
+    const QueryThread t = query_thread(v.total_q, a.tiles);
+    if (!t.live) return;
+    const int R = v.total_rows;
+    const int P = v.padded_kv_blocks;
+    const size_t head_edges = static_cast<size_t>(t.head) * v.total_q * kTopK;
+    const int b = v.query_fragment[t.q];
+    const Frag f = fragment(v, b);
+    TopkRow row;
+    row.load(a.topk + (static_cast<size_t>(t.head) * v.total_q + t.q) * kTopK, f.num_blocks);
+    const int q_local = t.q - f.q_start;
+    const int pos = f.k_len - f.q_len + q_local;
+    const int* rows = a.row_map + a.row_offsets[b];
+    const unsigned edges = row.edges();
+#pragma unroll
+    for (int s = 0; s < kTopK; ++s) {
+        if (!((edges >> s) & 1u)) continue;
+        const int level = row.value[s];
+        if (level >= bm.levels) continue;  // only with an inconsistent max_blocks
+        const int r = rows[level];
+        const size_t hr = static_cast<size_t>(t.head) * R + r;
+        const int before = bm.before(bm.column(t.head, level), t.q);
+        const int rank = row.rank(s);
+        const size_t k2q_at = head_edges + a.row_ptr[static_cast<size_t>(t.head) * (R + 1) + r] + before - a.row_first[hr];
+        a.q_indices[k2q_at] = q_local;
+        a.qsplit[k2q_at] = q_local | (rank << kQsplitRankShift);
+        const int block_keys = min(f.k_len - level * kBlock, kBlock);
+        const int visible = min(block_keys, max(0, pos + 1 - level * kBlock));
+        const size_t phys_at = head_edges +
+                               a.phys_row_ptr[static_cast<size_t>(t.head) * (P + 1) + f.phys_base + level] +
+                               before + a.phys_shift[hr];
+        a.phys_q_indices[phys_at] = t.q;
+        a.phys_valid[phys_at] = visible | (rank << kPhysRankShift);
+    }
+    const int total = a.row_ptr[static_cast<size_t>(t.head) * (R + 1) + R];
+#pragma unroll
+    for (int s = 0; s < kTopK; ++s) {
+        const int slot = t.q * kTopK + s;
+        if (slot < total) continue;
+        const size_t at = head_edges + slot;
+        a.q_indices[at] = -1;
+        a.qsplit[at] = -1;
+        a.phys_q_indices[at] = -1;
+        a.phys_valid[at] = -1;
+    }
+}
+
+// Work item i belongs to the (head, row) k with W[k] <= i < W[k + 1] (W = exclusive scan of the
+// chunks, 4R + 1 entries), chunk c = i - W[k]; the scan order is head-major then row, so the
+// items come out in build_work_items order. Rows past the items are 0.
+__device__ __forceinline__ void work_item(const MsaVarlen& v, const ScatterArgs& a, int i) {
+    if (i >= a.capacity) return;
+    const int R = v.total_rows;
+    const int keys = kIndexHeads * R;  // W has keys + 1 entries
+    const int total = a.work_offsets[keys];
+    int words[kWorkWords] = {};
+    if (i < total) {
+        // Last k with W[k] <= i: rows without chunks share their successor's offset and are
+        // skipped because W[k + 1] > i.
+        int lo = 0, hi = keys;  // invariant: W[lo] <= i < W[hi]
+        while (hi - lo > 1) {
+            const int mid = lo + (hi - lo) / 2;
+            if (a.work_offsets[mid] <= i) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const int head = lo / R;
+        const int row = lo - head * R;
+        const int q_begin = (i - a.work_offsets[lo]) * a.target;
+        words[MSA_WORK_HEAD] = head;
+        words[MSA_WORK_ROW] = row;
+        words[MSA_WORK_Q_BEGIN] = q_begin;
+        words[MSA_WORK_Q_COUNT] = min(a.target, a.counts[lo] - q_begin);
+        words[MSA_WORK_FRAGMENT] = a.row_frag[row];
+        words[MSA_WORK_KBLOCK] = a.row_level[row];
+    }
+    int* out = a.meta + static_cast<size_t>(i) * kWorkWords;
+#pragma unroll
+    for (int w = 0; w < kWorkWords; ++w) out[w] = words[w];
+}
+
+__global__ void __launch_bounds__(kThreads) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
+    if (blockIdx.x < a.query_ctas) {
+        scatter_query(v, bm, a);
+    } else {
+        work_item(v, a, int((blockIdx.x - a.query_ctas) * kThreads + threadIdx.x));
+    }
+}
+
+}  // namespace
+}  // namespace msa
