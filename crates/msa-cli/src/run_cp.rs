@@ -106,12 +106,9 @@ fn run_split(
         (CpTransport::Nccl, Backend::Cuda(_)) => {
             msa_harness::cp::nccl::run_nccl(plan, ranks, opts, true)
         }
-        (CpTransport::Nccl, _) => Err(HarnessError::Cp(
-            "the NCCL transport runs on the GPU backend (`--backend cuda`, a build with `msa`); \
-             `--cp-transport sequential` runs the ranks in turn on the CPU"
-                .into(),
-        )),
-        (CpTransport::Auto, _) => unreachable!("resolved by the caller"),
+        (CpTransport::Nccl | CpTransport::Auto, _) => {
+            unreachable!("the caller resolves the transport and refuses NCCL on the CPU")
+        }
     }
 }
 
@@ -127,6 +124,13 @@ pub fn run(a: &Args, cp_size: usize, limit: &MemoryLimit) -> Result<ExitCode> {
         CpTransport::Auto => CpTransport::Nccl,
         t => t,
     };
+    if transport == CpTransport::Nccl && backend.is_cpu() {
+        return Err(HarnessError::Cp(
+            "the NCCL transport runs on the GPU backend (`--backend cuda`, a build with `msa`); \
+             `--cp-transport sequential` runs the ranks in turn on the CPU"
+                .into(),
+        ));
+    }
     // Before any work: the NCCL library may need this command to run again.
     #[cfg(feature = "msa")]
     if transport == CpTransport::Nccl && !backend.is_cpu() {
@@ -212,7 +216,7 @@ pub fn run(a: &Args, cp_size: usize, limit: &MemoryLimit) -> Result<ExitCode> {
                 "  bitwise equal: {}",
                 shares
                     .iter()
-                    .map(|(n, s)| format!("{n} {:.2}%", s * 100.0))
+                    .map(|(n, s)| format!("{n} {:.3}%", s * 100.0))
                     .collect::<Vec<_>>()
                     .join(", ")
             );
@@ -241,7 +245,7 @@ pub fn run(a: &Args, cp_size: usize, limit: &MemoryLimit) -> Result<ExitCode> {
             for c in &cp.comm {
                 println!("  comm {:<28} {:>10} {:>10.2} ms", c.what, "", c.ms);
             }
-            println!("  cp kernels {kernel_ms:.2} ms, communication {comm_ms:.2} ms");
+            println!("  cp local calls {kernel_ms:.2} ms, communication {comm_ms:.2} ms");
             println!("  total {:.1} s", t0.elapsed().as_secs_f64());
             json.write(|| {
                 serde_json::json!({

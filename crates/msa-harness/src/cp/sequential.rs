@@ -79,7 +79,7 @@ pub fn run_sequential<'a, E: RankExecutor<'a>>(
         rank_times,
         comm: vec![
             CommTime {
-                what: "all_gather (device copies)",
+                what: "all_gather (copies)",
                 ms: all_gather_ms,
             },
             CommTime {
