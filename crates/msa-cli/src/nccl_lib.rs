@@ -38,7 +38,7 @@ pub fn ensure_loadable() -> Result<()> {
         return Err(err(format!(
             "NCCL is not loadable under the names cudarc tries (libnccl.so, libnccl.so.13, \
              libnccl.so.12, …); set {LIB_VAR} to the library, e.g. PyTorch's: {LIB_VAR}=$(python3 \
-             -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], \"lib\", \
+             -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], \"lib\", \
              \"libnccl.so.2\"))')"
         )));
     };
