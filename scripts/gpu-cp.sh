@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu-cp.sh [MSA] [OUTDIR]      # MSA defaults to .gpu-bundle/msa, OUTDIR to cp-out
 #
-# Runs: the sequential transport (every rank in turn on device 0, the all-gather by device
+# Runs: the sequential transport on a cut pack (24,576 tokens), then on whole packs (every rank in turn on device 0, the all-gather by device
 # copies, the reduce-scatter as an f32 host sum) with N = 2 and N = 16, then the NCCL transport
 # with world size 1. NCCL comes from PyTorch's nvidia-nccl wheel unless MSA_NCCL_LIB names it.
 # Prints `PASS name` / `FAIL name` per run; exits non-zero when any run failed.
@@ -30,6 +30,9 @@ one() {
     fi
 }
 
+# First the pack cut to 24,576 tokens (two ranks of 12,288 queries, the size of a CP16 rank): the
+# whole-pack single call below is 16 times that, a size no other GPU run takes.
+one seq2-24k --case 434 --cp 2 --pack-tokens 24576 --cp-transport sequential
 one seq2 --case 434 --cp 2 --cp-transport sequential
 one seq16 --case 434 --cp 16 --cp-transport sequential
 one seq2-605-random --case 605 --pattern random --cp 2 --cp-transport sequential
