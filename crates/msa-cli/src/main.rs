@@ -7,8 +7,11 @@ mod bench;
 mod compare;
 mod info;
 mod json;
+#[cfg(feature = "msa")]
+mod nccl_lib;
 mod plan;
 mod run;
+mod run_cp;
 mod select;
 
 use std::process::ExitCode;

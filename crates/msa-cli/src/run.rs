@@ -16,6 +16,7 @@ use msa_workloads::InputMode;
 
 use crate::args::{BackendArg, CheckArg, InputsArg, TolerancesArg};
 use crate::json::{self, JsonLines};
+use crate::run_cp::CpTransport;
 use crate::select::CaseArgs;
 
 #[derive(ClapArgs, Debug)]
@@ -57,6 +58,21 @@ pub struct Args {
     /// Replace an existing `--json` file (a regular file only, never the manifest).
     #[arg(long)]
     pub force: bool,
+    /// Context parallelism over N ranks: each selected pack whole (`--rank` is not used) split
+    /// into 1,024-token chunks dealt to N ranks by MSA's dispatch; every rank runs its local
+    /// call with K/V (and KI) all-gathered and its key gradients reduce-scattered (summed in
+    /// f32, rounded once), and the assembled outputs are checked against the single call over
+    /// the whole pack on the same backend (`--tolerances`), with the communication timed
+    /// beside the kernels. The pack's tokens must split into N·1,024-token units.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub cp: Option<u16>,
+    /// How the CP ranks communicate (with `--cp`).
+    #[arg(long, value_enum, default_value_t = CpTransport::Auto, requires = "cp")]
+    pub cp_transport: CpTransport,
+    /// Keep the first N tokens of each pack (with `--cp`; a multiple of cp·1,024), e.g. for the
+    /// CPU reference, which takes minutes per 196,608-token pack.
+    #[arg(long, value_name = "N", requires = "cp")]
+    pub pack_tokens: Option<usize>,
 }
 
 /// `  12.3 TFLOP/s (MSA FLOP model)` for `flops` done in `ms`, or GFLOP/s below a TFLOP/s.
@@ -70,6 +86,9 @@ fn rate(flops: f64, ms: f64) -> String {
 }
 
 pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
+    if let Some(cp) = a.cp {
+        return crate::run_cp::run(a, cp as usize, limit);
+    }
     let tol = a.tolerances.tolerances();
     json::check(a.json.as_deref(), a.force, &[&a.cases.manifest_path()])?;
     let selection = a.cases.select()?;

@@ -250,3 +250,72 @@ fn run_takes_peaked_inputs_beside_msas_protocol() {
     let o = cpu_run(&manifest, &["--inputs", "flat"]);
     expect_exit(&o, 2);
 }
+
+#[test]
+fn run_cp_assembles_the_ranks_into_the_single_call_on_the_cpu() {
+    // Case 605 cut to 2,048 tokens (many short documents: seconds on the CPU reference).
+    let o = msa(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--case",
+        "605",
+        "--cp",
+        "2",
+        "--pack-tokens",
+        "2048",
+        "--tolerances",
+        "strict",
+    ]);
+    expect_exit(&o, 0);
+    let text = stdout(&o);
+    assert!(
+        text.contains("case605/cp2/recent16/s0/2048tok on cpu (cp 2, sequential) against the single call: PASS"),
+        "{text}"
+    );
+    for line in [
+        "bitwise equal: out 100.000%",
+        "comm all_gather (copies)",
+        "cp local calls",
+    ] {
+        assert!(text.contains(line), "`{line}` in {text}");
+    }
+}
+
+#[test]
+fn run_cp_refuses_what_it_cannot_run_before_any_work() {
+    let o = msa(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--cp",
+        "2",
+        "--cp-transport",
+        "nccl",
+    ]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o).contains("the NCCL transport runs on the GPU backend"),
+        "{}",
+        stderr(&o)
+    );
+    let o = msa(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--cp",
+        "2",
+        "--pack-tokens",
+        "3000",
+    ]);
+    expect_exit(&o, 2);
+    assert!(
+        stderr(&o)
+            .contains("3000 tokens do not split into chunks of 1024 dealt evenly over 2 ranks"),
+        "{}",
+        stderr(&o)
+    );
+    let o = msa(&["run", "--backend", "cpu", "--pack-tokens", "2048"]);
+    expect_exit(&o, 2);
+    assert!(stderr(&o).contains("--cp"), "{}", stderr(&o));
+}

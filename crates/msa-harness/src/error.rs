@@ -78,6 +78,10 @@ pub enum HarnessError {
 
     #[error("stage `{0}` is not an entry point of the API and is not benchmarked")]
     NotBenchmarked(Stage),
+
+    /// A context-parallel run that cannot be set up (inputs of another pack, the transport).
+    #[error("context parallelism: {0}")]
+    Cp(String),
 }
 
 pub type Result<T, E = HarnessError> = std::result::Result<T, E>;

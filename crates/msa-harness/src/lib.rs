@@ -5,6 +5,8 @@
 //! - [`io`]: the safetensors tensor contract (MSA's tensor names and layouts), [`CallInputs`].
 //! - [`backend`]: one call of the contract, written once over an [`backend::Executor`] with a
 //!   CPU and a CUDA implementation.
+//! - [`cp`]: one call over a pack spread over context-parallel ranks (KV all-gather), with the
+//!   collective simulated in one process or over NCCL (feature `msa`).
 //! - [`cases`]: reproducible calls from real CP16 workloads.
 //! - [`check`]: MSA's tolerances, reference comparisons, an independent f64 oracle, and which of
 //!   them a run gets.
@@ -18,6 +20,7 @@ pub mod backend;
 pub mod bench;
 pub mod cases;
 pub mod check;
+pub mod cp;
 pub mod error;
 pub mod io;
 pub mod memory;

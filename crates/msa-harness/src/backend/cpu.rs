@@ -10,7 +10,10 @@ use msa_ref::compare::to_bf16;
 use msa_ref::indexer::{self, IndexerInputs};
 use msa_ref::kl;
 
+use msa_workloads::{copy_rows, Segment};
+
 use super::executor::{Attention, Executor, Index};
+use crate::cp::RankExecutor;
 use crate::error::Result;
 
 /// The CPU reference of the whole contract.
@@ -143,6 +146,66 @@ impl<'a> Executor<'a> for CpuReference {
     }
 
     fn download_i32(&self, x: Self::I32) -> Result<Vec<i32>> {
+        Ok(x)
+    }
+}
+
+/// The per-rank call of a CP split on the CPU reference: key gradients stay unrounded f32.
+impl<'a> RankExecutor<'a> for CpuReference {
+    type KeyGrad = Vec<f32>;
+
+    fn gather_rows(
+        &self,
+        src: &Self::Bf16,
+        width: usize,
+        segs: &[Segment],
+        rows: usize,
+    ) -> Result<Self::Bf16> {
+        let mut out = vec![bf16::ZERO; rows * width];
+        copy_rows(src, &mut out, width, segs);
+        Ok(Cow::Owned(out))
+    }
+
+    fn concat(&self, parts: &[&Self::Bf16]) -> Result<Self::Bf16> {
+        Ok(Cow::Owned(
+            parts.iter().flat_map(|p| p.iter().copied()).collect(),
+        ))
+    }
+
+    fn backward_keys(
+        &self,
+        meta: &Self::Metadata,
+        attn: &Attention<'_, Self::Bf16>,
+        dout: &Self::Bf16,
+        out: &Self::Bf16,
+        lse: &Self::F32,
+        _deterministic: bool,
+    ) -> Result<(Self::Bf16, Vec<f32>, Vec<f32>)> {
+        let g = attention::backward(&meta.attention(attn), dout, out, lse)?;
+        Ok((Cow::Owned(to_bf16(&g.dq)), g.dk, g.dv))
+    }
+
+    fn kl_backward_keys(
+        &self,
+        meta: &Self::Metadata,
+        attn: &Attention<'_, Self::Bf16>,
+        index: &Index<'_, Self::Bf16>,
+        teacher_lse: &Self::F32,
+        indexer_lse: &Self::F32,
+        loss_coeff: f32,
+    ) -> Result<(Self::Bf16, Vec<f32>)> {
+        let g = kl::kl_backward(
+            &meta.attention(attn),
+            teacher_lse,
+            index.qi,
+            index.ki,
+            indexer_lse,
+            loss_coeff,
+        )?;
+        Ok((Cow::Owned(to_bf16(&g.dqi)), g.dki))
+    }
+
+    fn key_grad_f32(&self, x: Vec<f32>) -> Result<Vec<f32>> {
         Ok(x)
     }
 }

@@ -7,8 +7,10 @@ use cudarc::driver::CudaSlice;
 use half::bf16;
 use msa::cuda::{BackwardOptions, CudaMsa, DeviceLayout, KlInputs, Metadata};
 use msa_plan::VarlenLayout;
+use msa_workloads::Segment;
 
 use super::executor::{Attention, Executor, Index};
+use crate::cp::RankExecutor;
 use crate::error::Result;
 
 impl Executor<'_> for CudaMsa {
@@ -170,4 +172,75 @@ pub fn gpu_reference(
         }
     }
     Ok(r)
+}
+
+/// The per-rank call of a CP split on the GPU: rows move by device copies; the kernels round
+/// dK/dV/dKI to bf16 in their epilogue, so a rank's key gradients come to the reduction as bf16
+/// widened to f32.
+impl RankExecutor<'_> for CudaMsa {
+    type KeyGrad = CudaSlice<bf16>;
+
+    fn gather_rows(
+        &self,
+        src: &Self::Bf16,
+        width: usize,
+        segs: &[Segment],
+        rows: usize,
+    ) -> Result<Self::Bf16> {
+        let mut out = self.zeros::<bf16>(rows * width)?;
+        for s in segs {
+            let from = src.slice(s.src * width..(s.src + s.len) * width);
+            let mut to = out.slice_mut(s.dst * width..(s.dst + s.len) * width);
+            self.stream().memcpy_dtod(&from, &mut to)?;
+        }
+        Ok(out)
+    }
+
+    fn concat(&self, parts: &[&Self::Bf16]) -> Result<Self::Bf16> {
+        let mut out = self.zeros::<bf16>(parts.iter().map(|p| p.len()).sum())?;
+        let mut at = 0;
+        for p in parts {
+            let mut to = out.slice_mut(at..at + p.len());
+            self.stream().memcpy_dtod(*p, &mut to)?;
+            at += p.len();
+        }
+        Ok(out)
+    }
+
+    fn backward_keys(
+        &self,
+        meta: &Self::Metadata,
+        attn: &Attention<'_, Self::Bf16>,
+        dout: &Self::Bf16,
+        out: &Self::Bf16,
+        lse: &Self::F32,
+        deterministic: bool,
+    ) -> Result<(Self::Bf16, Self::KeyGrad, Self::KeyGrad)> {
+        let [dq, dk, dv] = Executor::backward(self, meta, attn, dout, out, lse, deterministic)?;
+        Ok((dq, dk, dv))
+    }
+
+    fn kl_backward_keys(
+        &self,
+        meta: &Self::Metadata,
+        attn: &Attention<'_, Self::Bf16>,
+        index: &Index<'_, Self::Bf16>,
+        teacher_lse: &Self::F32,
+        indexer_lse: &Self::F32,
+        loss_coeff: f32,
+    ) -> Result<(Self::Bf16, Self::KeyGrad)> {
+        Executor::kl_backward(
+            self,
+            meta,
+            attn,
+            index,
+            teacher_lse,
+            indexer_lse,
+            loss_coeff,
+        )
+    }
+
+    fn key_grad_f32(&self, x: Self::KeyGrad) -> Result<Vec<f32>> {
+        Ok(self.download(&x)?.iter().map(|v| v.to_f32()).collect())
+    }
 }

@@ -128,7 +128,7 @@ pub trait Executor<'a> {
 }
 
 /// `f` as `stage`, timed until the executor has finished it.
-fn timed<'a, E: Executor<'a>, T>(
+pub(crate) fn timed<'a, E: Executor<'a>, T>(
     e: &E,
     times: &mut Vec<StageTime>,
     stage: Stage,
