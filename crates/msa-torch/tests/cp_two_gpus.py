@@ -33,7 +33,7 @@ REPS = 10
 
 def _gather_rows(plan: cp.CpPlan, t: torch.Tensor, token_dim: int = 0) -> torch.Tensor | None:
     """The pack's rows of a per-rank tensor, assembled on rank 0 (``None`` elsewhere)."""
-    local = t.movedim(token_dim, 0).contiguous()
+    local = t.detach().movedim(token_dim, 0).contiguous()
     every = local.new_empty((plan.comm.size() * local.shape[0], *local.shape[1:]))
     dist.all_gather_into_tensor(every, local)
     if plan.rank != 0:
@@ -73,7 +73,7 @@ def run_case(name: str, cu: list[int]) -> bool:
     out, lse = cp.attention_forward(q, k, v, meta, plan, return_softmax_lse=True,
                                     deterministic=True)
     out.backward(loc["dout"])
-    got.update(out=out.detach(), lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
+    got.update(out=out.detach(), lse=lse.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
     got["dqi"], got["dki"] = cp.kl_backward(loc["q"], loc["k"], lse, loc["qi"], loc["ki"],
                                             got["index_lse"], meta, plan)
     full = {n: _gather_rows(plan, t, 1 if n in ("topk", "index_lse") else 0)

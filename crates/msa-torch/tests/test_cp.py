@@ -238,7 +238,8 @@ def _run_rank(plan: cp.CpPlan, x: dict, explicit: bool = True) -> dict:
     """The CP calls of one rank on its rows of the whole-pack inputs ``x`` (``explicit``: the
     explicit attention backward too)."""
     idx = plan.local_token_index
-    loc = {name: t[idx].contiguous() for name, t in x.items() if name not in ("topk", "indexer_lse")}
+    per_query = ("topk", "indexer_lse")  # [4, T, ...]: sliced below
+    loc = {name: t[idx].contiguous() for name, t in x.items() if name not in per_query}
     topk = x["topk"][:, idx].contiguous()
     indexer_lse = x["indexer_lse"][:, idx].contiguous()
     got = {}
@@ -336,7 +337,9 @@ def _worker(rank, world, store, inputs_path, out_dir):
         # CP2 over groups whose ranks are not the global ones (3 is rank 1 of {1, 3}).
         pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
         inputs = torch.load(inputs_path)
-        jobs = [("mixed", None, 4), ("long", None, 4), ("mixed", pairs[0], 2), ("long", pairs[1], 2)]
+        jobs = [
+            ("mixed", None, 4), ("long", None, 4), ("mixed", pairs[0], 2), ("long", pairs[1], 2)
+        ]
         for name, group, size in jobs:
             if group is not None and dist.get_rank(group) < 0:
                 continue

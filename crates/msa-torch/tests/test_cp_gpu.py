@@ -66,7 +66,9 @@ def _check_close(name: str, got: torch.Tensor, want: torch.Tensor, kind: str) ->
     finite = torch.isfinite(w)
     assert torch.equal(finite, torch.isfinite(g)), f"{name}: infinities differ"
     tol = OUT_TOL if kind == "out" else LSE_TOL
-    torch.testing.assert_close(g[finite], w[finite], atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
+    torch.testing.assert_close(
+        g[finite], w[finite], atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}"
+    )
     err = (g[finite] - w[finite]).abs().max().item() if finite.any() else 0.0
     return f"{name}: bitwise {bitwise}, max abs error {err:.2e}"
 
@@ -100,7 +102,9 @@ def _plain(cu, x: dict, fragments: bool, topk=None) -> dict:
     r["dq"], r["dk"], r["dv"] = attention.backward(
         x["q"], x["k"], x["v"], x["dout"], r["out"], r["lse"], meta, deterministic=True
     )
-    r["dqi"], r["dki"] = kl.backward(x["q"], x["k"], r["lse"], x["qi"], x["ki"], r["index_lse"], meta)
+    r["dqi"], r["dki"] = kl.backward(
+        x["q"], x["k"], r["lse"], x["qi"], x["ki"], r["index_lse"], meta
+    )
     return r
 
 
