@@ -1,7 +1,8 @@
 """CPU tests of msa_torch.cp (context parallelism), no GPU:
 
 - the split reproduces crates/msa-workloads' (its hand-checked cases, MSA's CP16 sanity check,
-  the 48 real dev packs, random packs) and bad chunk maps are refused;
+  the 48 real dev packs against a digest of the Rust split, random packs) and bad chunk maps
+  are refused;
 - with the gloo backend over 4 spawned processes (CP4 on the world group, CP2 on the groups
   {0, 2} and {1, 3}), the CP wrapper around the fp32 reference of msa_reference.py (injected as
   ``local_ops``) gives the whole-pack reference's outputs and gradients (indexer top-k and LSE,
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import pathlib
 import random
@@ -131,6 +133,36 @@ def test_every_rank_of_every_dev_case_is_a_valid_12k_query_layout():
             assert (lay.total_q, len(lay.chunks)) == (12_288, 12), (case["case_id"], r)
         assert sorted(c for lst in m.rank_chunks for c in lst) == list(range(192))
     _check_split(cp.split_pack(cases[0]["cu_seqlens"], 16))
+
+
+# sha256 of msa-workloads' split of the 48 dev packs for CP 2 and 16 (chunks of 1,024), one line
+# per rank as Rust's Debug formatting writes it from `RealCase::rank_cases`:
+# "{case_id} {cp} {rank} {chunks:?} {cu_seqlens_q:?} {cu_seqlens_k:?} {fragment_indices:?}
+# {kv_source_ranges as (start, end):?} {total_rows} {max_seqlen_q} {max_seqlen_k} {total_k}\n"
+# (computed 2026-12-01; the Python split matched all 1,104 rank layouts of CP 1, 2, 4 and 16).
+RUST_DEV_SPLIT_SHA256 = "e844089f2364238504c6a319f76397f6a51f720f946ed7d6d013bd33e96678ce"
+
+
+def test_dev_packs_split_as_msa_workloads_does():
+    def seq(xs):
+        return "[" + ", ".join(str(x) for x in xs) + "]"
+
+    h = hashlib.sha256()
+    for line in DEV_MANIFEST.read_text().splitlines():
+        if not line.strip():
+            continue
+        case = json.loads(line)
+        for cp_size in (2, 16):
+            m = cp.split_pack(case["cu_seqlens"], cp_size)
+            for r in range(cp_size):
+                lay = m.rank_layout(r)
+                kv = "[" + ", ".join(f"({b}, {e})" for b, e in lay.kv_source_ranges) + "]"
+                h.update(
+                    f"{case['case_id']} {cp_size} {r} {seq(lay.chunks)} {seq(lay.cu_seqlens_q)} "
+                    f"{seq(lay.cu_seqlens_k)} {seq(lay.fragment_indices)} {kv} {lay.total_rows} "
+                    f"{lay.max_seqlen_q} {lay.max_seqlen_k} {lay.total_k}\n".encode()
+                )
+    assert h.hexdigest() == RUST_DEV_SPLIT_SHA256
 
 
 def test_random_packs_split_into_valid_ranks():
@@ -385,6 +417,8 @@ def test_plan_errors():
     with pytest.raises(ValueError, match="the process group has 1 ranks but the chunk map "
                        "deals the pack to 2"):
         cp.CpPlan(m, Solo())
+    with pytest.raises(TypeError, match="group must be a torch.distributed ProcessGroup"):
+        cp.CpPlan(m, "nccl")
     with pytest.raises(TypeError, match="chunk_map must be a ChunkMap"):
         cp.CpPlan([[0, 1]], Solo())
     with pytest.raises(TypeError, match="local_ops must be a LocalOps"):

@@ -496,7 +496,15 @@ class CpPlan:
                 f"msa_torch.cp.CpPlan: chunk_map must be a ChunkMap (msa_torch.cp.split_pack), "
                 f"got {type(chunk_map).__name__}"
             )
-        comm = group if isinstance(group, Collectives) else _ProcessGroup(group)
+        if group is None or isinstance(group, dist.ProcessGroup):
+            comm = _ProcessGroup(group)
+        elif isinstance(group, Collectives):
+            comm = group
+        else:
+            raise TypeError(
+                f"msa_torch.cp.CpPlan: group must be a torch.distributed ProcessGroup, None (the "
+                f"default group) or a Collectives, got {type(group).__name__}"
+            )
         if comm.size() != chunk_map.cp_size:
             raise ValueError(
                 f"msa_torch.cp.CpPlan: the process group has {comm.size()} ranks but the chunk "
