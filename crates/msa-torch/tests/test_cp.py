@@ -336,18 +336,32 @@ def _compare(got: dict, want: dict, idx: torch.Tensor, where: str):
         )
 
 
-# Small real-shaped packs (chunks of 128): documents not multiples of 128, several per chunk,
-# spanning chunks; one document over all chunks (every rank holds two fragments of it).
+# Small real-shaped packs, (cu_seqlens, chunk size): documents not multiples of 128, several
+# per chunk, spanning chunks (chunks of 128: a real chunk is 8 blocks); one document over every
+# chunk, chunks of half a block (CP4: ranks 0-2 hold two fragments of it, and fragments start
+# mid-block).
 CHUNK = 128
 PACKS = {
-    "mixed": [0, 300, 350, 387, 807, 897, 1024],
-    "long": [0, 650, 1024],
+    "mixed": ([0, 300, 350, 387, 807, 897, 1024], CHUNK),
+    "long": ([0, 512], 64),
 }
 # One rank (and the argument errors): half a pack.
 SMALL = [0, 300, 350, 387, 512]
 
 
-def test_one_rank_equals_the_whole_pack():
+@pytest.fixture
+def one_thread():
+    """The dense reference on one intra-op thread: on a small shared CPU more threads cost more
+    CPU time than they save."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_one_rank_equals_the_whole_pack(one_thread):
     cu = SMALL
     m = cp.split_pack(cu, 1, CHUNK)
     lay = m.rank_layout(0)
@@ -375,34 +389,29 @@ def _worker(rank, world, store, inputs_path, out_dir):
         for name, group, size in jobs:
             if group is not None and dist.get_rank(group) < 0:
                 continue
-            plan = cp.CpPlan(cp.split_pack(PACKS[name], size, CHUNK), group,
-                             local_ops=cpref.REFERENCE)
+            cu, chunk = PACKS[name]
+            plan = cp.CpPlan(cp.split_pack(cu, size, chunk), group, local_ops=cpref.REFERENCE)
             got = _run_rank(plan, inputs[name], explicit=name == "mixed")
             torch.save(got, f"{out_dir}/{name}-cp{size}-r{plan.rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_gloo_cp4_and_cp2_equal_the_whole_pack(tmp_path):
-    inputs = {name: _inputs(cu, seed=i) for i, (name, cu) in enumerate(PACKS.items())}
+def test_gloo_cp4_and_cp2_equal_the_whole_pack(tmp_path, one_thread):
+    inputs = {name: _inputs(cu, seed=i) for i, (name, (cu, _)) in enumerate(PACKS.items())}
     torch.save(inputs, tmp_path / "inputs.pt")
     ranks = mp.start_processes(
         _worker, args=(4, str(tmp_path / "store"), str(tmp_path / "inputs.pt"), str(tmp_path)),
         nprocs=4, start_method="spawn", join=False,
     )
-    # The whole-pack references while the ranks start (one thread: four ranks share the cores).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        wants = {name: _whole(cu, inputs[name]) for name, cu in PACKS.items()}
-    finally:
-        torch.set_num_threads(threads)
+    # The whole-pack references while the ranks start.
+    wants = {name: _whole(cu, inputs[name]) for name, (cu, _) in PACKS.items()}
     while not ranks.join():
         pass
-    for name, cu in PACKS.items():
+    for name, (cu, chunk) in PACKS.items():
         want = wants[name]
         for size in (4, 2):
-            m = cp.split_pack(cu, size, CHUNK)
+            m = cp.split_pack(cu, size, chunk)
             for r in range(size):
                 got = torch.load(tmp_path / f"{name}-cp{size}-r{r}.pt")
                 _compare(got, want, m.local_token_index(r), f"{name} cp{size} rank {r}")
@@ -413,7 +422,7 @@ def test_gloo_cp4_and_cp2_equal_the_whole_pack(tmp_path):
 
 
 def test_plan_errors():
-    m = cp.split_pack(PACKS["mixed"], 2, CHUNK)
+    m = cp.split_pack(PACKS["mixed"][0], 2, CHUNK)
     with pytest.raises(ValueError, match="the process group has 1 ranks but the chunk map "
                        "deals the pack to 2"):
         cp.CpPlan(m, Solo())
@@ -422,9 +431,9 @@ def test_plan_errors():
     with pytest.raises(TypeError, match="chunk_map must be a ChunkMap"):
         cp.CpPlan([[0, 1]], Solo())
     with pytest.raises(TypeError, match="local_ops must be a LocalOps"):
-        cp.CpPlan(cp.split_pack(PACKS["mixed"], 1, CHUNK), Solo(), local_ops=object())
+        cp.CpPlan(cp.split_pack(SMALL, 1, CHUNK), Solo(), local_ops=object())
     # The other rank split another pack.
-    other = cp.split_pack(PACKS["long"], 2, CHUNK).digest()
+    other = cp.split_pack(SMALL, 2, CHUNK).digest()
     with pytest.raises(ValueError, match=r"ranks \[1\] built another chunk map than rank 0"):
         cp.CpPlan(m, Solo(2, digests=[other]))
     cp.CpPlan(m, Solo(2, digests=[m.digest()]))  # agreeing ranks pass
