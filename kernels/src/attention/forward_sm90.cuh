@@ -40,6 +40,7 @@
 namespace msa::fwd90 {
 
 constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;  // two consumer warpgroups; each arrives on an "empty" barrier
 // K runs one block ahead of V in the producer; a third K stage measured within noise (run 7).
 constexpr int kStagesK = 2;
 constexpr int kStagesV = 2;
@@ -180,11 +181,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][
     for (int kk = 0; kk < 8; ++kk) wgmma_m64n128k16_rs<1>(o, p[kk], sw128_desc(v_addr + kk * 2048, kHalfBytes, 1024), 1);
 }
 
-__device__ __forceinline__ void release(uint64_t* bar) {
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
-}
-
 // Named barriers 1 + w: consumer warpgroup w may issue its matrix products.
 __device__ __forceinline__ void turn_wait(int wg) { named_sync(1 + wg, 256); }
 __device__ __forceinline__ void turn_pass(int wg) { named_arrive(1 + (wg ^ 1), 256); }
@@ -307,7 +303,7 @@ __device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int w
             const int nv = cs.qk(sk, (kb / kStagesK) & 1, q, token);
             wgmma_wait<0>();
             fence_regs(cs.s);
-            release(&sm.k_empty[sk]);
+            mbar_release(&sm.k_empty[sk]);
             float corr[2];
             cs.softmax(nv, corr);
             cs.to_p(nv);
@@ -318,9 +314,9 @@ __device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int w
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(o);
-            release(&sm.v_empty[sv]);
+            mbar_release(&sm.v_empty[sv]);
         }
-        release(&sm.q_empty[qb]);
+        mbar_release(&sm.q_empty[qb]);
         epilogue(o, cs.rs.m, cs.rs.l, q.t, q.g, q.valid(), p);
         ++tile_it;
     }
@@ -381,7 +377,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
                 }
                 return true;
             }
-            release(&sm.q_empty[qb]);
+            mbar_release(&sm.q_empty[qb]);
             epilogue_empty(q, p);
         }
         return false;
@@ -396,9 +392,9 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(cs.s);
-    release(&sm.k_empty[kb % kStagesK]);
+    mbar_release(&sm.k_empty[kb % kStagesK]);
     ++kb;
-    if (u == 1) release(&sm.q_empty[qb]);
+    if (u == 1) mbar_release(&sm.q_empty[qb]);
     cs.softmax(nv, corr);
     cs.to_p(nv);
     TileQuery owner = q;  // the tile o belongs to
@@ -429,13 +425,13 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
         turn_pass(wg);
         wgmma_wait<1>();
         fence_regs(cs.s);
-        release(&sm.k_empty[sk]);
+        mbar_release(&sm.k_empty[sk]);
         ++kb;
-        if (j == u - 1) release(&sm.q_empty[qb]);  // the tile's last S has read Q
+        if (j == u - 1) mbar_release(&sm.q_empty[qb]);  // the tile's last S has read Q
         cs.softmax(nv, corr);
         wgmma_wait<0>();
         fence_regs(o);
-        release(&sm.v_empty[sv]);
+        mbar_release(&sm.v_empty[sv]);
         ++vb;
         if (boundary) {
             epilogue(o, prev_m, prev_l, owner.t, owner.g, owner.valid(), p);
@@ -455,7 +451,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     turn_pass(wg);
     wgmma_wait<0>();
     fence_regs(o);
-    release(&sm.v_empty[sv]);
+    mbar_release(&sm.v_empty[sv]);
     epilogue(o, cs.rs.m, cs.rs.l, owner.t, owner.g, owner.valid(), p);
 }
 
@@ -540,15 +536,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_map(&vmap);
         for (int b = 0; b < 2; ++b) {
             mbar_init(&sm.q_full[b], 1);
-            mbar_init(&sm.q_empty[b], 8);
+            mbar_init(&sm.q_empty[b], kConsumerThreads);
         }
         for (int s = 0; s < kStagesK; ++s) {
             mbar_init(&sm.k_full[s], 1);
-            mbar_init(&sm.k_empty[s], 8);
+            mbar_init(&sm.k_empty[s], kConsumerThreads);
         }
         for (int s = 0; s < kStagesV; ++s) {
             mbar_init(&sm.v_full[s], 1);
-            mbar_init(&sm.v_empty[s], 8);
+            mbar_init(&sm.v_empty[s], kConsumerThreads);
         }
         mbar_fence_init();
     }

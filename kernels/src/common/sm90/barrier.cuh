@@ -50,6 +50,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     }
 }
 
+// Consumers release a pipeline stage with one arrival per thread: an "empty" barrier counts
+// every consumer thread. One arrival per warp after __syncwarp is ordered as well under the PTX
+// memory model, but compute-sanitizer racecheck does not follow the warp barrier and reports
+// the producer's refill as a race; per-thread arrivals cost no more (M6, docs/perf/README.md).
+__device__ __forceinline__ void mbar_release(uint64_t* bar) { mbar_arrive(bar); }
+
 // Named barriers 1..15 (0 is __syncthreads): `threads` threads, a multiple of 32, take part.
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
