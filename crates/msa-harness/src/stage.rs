@@ -27,11 +27,14 @@ pub enum Stage {
     ForwardSm80,
     /// The atomic backward on the mma.sync (sm_80) kernels.
     BackwardSm80,
+    /// The deterministic backward on the mma.sync (sm_80) kernels (on Hopper the reference of
+    /// the sm_90a deterministic mode that `backward_det` times).
+    BackwardDeterministicSm80,
 }
 
 impl Stage {
     /// Every stage `msa bench` can time: the API's entry points, in call order.
-    pub const BENCH: [Stage; 9] = [
+    pub const BENCH: [Stage; 10] = [
         Stage::Prepare,
         Stage::Forward,
         Stage::Backward,
@@ -41,6 +44,7 @@ impl Stage {
         Stage::Kl,
         Stage::ForwardSm80,
         Stage::BackwardSm80,
+        Stage::BackwardDeterministicSm80,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +59,7 @@ impl Stage {
             Stage::Kl => "kl",
             Stage::ForwardSm80 => "forward_sm80",
             Stage::BackwardSm80 => "backward_sm80",
+            Stage::BackwardDeterministicSm80 => "backward_det_sm80",
         }
     }
 
@@ -63,7 +68,10 @@ impl Stage {
         match self {
             Stage::Upload | Stage::Prepare | Stage::SelectionLse => None,
             Stage::Forward | Stage::ForwardSm80 => Some(model.fwd),
-            Stage::Backward | Stage::BackwardDeterministic | Stage::BackwardSm80 => Some(model.bwd),
+            Stage::Backward
+            | Stage::BackwardDeterministic
+            | Stage::BackwardSm80
+            | Stage::BackwardDeterministicSm80 => Some(model.bwd),
             Stage::Indexer => Some(model.indexer),
             Stage::Kl => Some(model.kl),
         }

@@ -61,21 +61,26 @@ struct TileInfo {
     int nv[kTileQueries];
 };
 
+// kDet double-buffers the dQ staging (the writer warp's wait for its turn and for each add to
+// complete overlaps the next tile): 209 KB instead of 177.
+template <bool kDet>
 struct Smem {
+    static constexpr int kDqBuffers = kDet ? 2 : 1;
     uint8_t k[kKvBytes];
     uint8_t v[kKvBytes];
     uint8_t q[kStages][kQBytes];
     uint8_t dout[kStages][kQBytes];
     uint8_t ds[kBlock * kRows * 2];  // dS^T [128 keys][64 rows] bf16, 128-byte swizzle
-    float dq[kRows * kHeadDim];      // dQ of the tile, [64 rows][128 d]
+    float dq[kDqBuffers][kRows * kHeadDim];  // dQ of the tile, [64 rows][128 d]
     float lse[kStages][kRows];
     float delta[kStages][kRows];
     TileInfo info[kStages];
     uint64_t kv_full, kv_empty;
     uint64_t q_full[kStages], q_empty[kStages];
-    uint64_t dq_full, dq_empty;  // kDet: dQ staged (consumer warps) / reduced (writer warp)
+    uint64_t dq_full[kDqBuffers], dq_empty[kDqBuffers];  // kDet: staged (consumers) / reduced (writer)
 };
-constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
+template <bool kDet>
+constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<kDet>));
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
@@ -131,7 +136,7 @@ __device__ __forceinline__ void release(uint64_t* bar) {
 __device__ __forceinline__ void consumers_sync() { named_sync(1, 256); }
 
 template <bool kDet>
-__device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
+__device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg) {
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int c = 2 * (lane & 3);
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
@@ -247,8 +252,9 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
             // tile's reductions have read the staging buffer, then reduce it per query: the
             // issuer thread, or (kDet) the writer warp, in the order of its semaphores.
             // The barrier also keeps the next tile's dS^T writes after both warpgroups' dQ products.
+            const int buf = kDet ? tile_it & 1 : 0;
             if constexpr (kDet)
-                mbar_wait(&sm.dq_empty, (tile_it & 1) ^ 1);
+                mbar_wait(&sm.dq_empty[buf], ((tile_it >> 1) & 1) ^ 1);  // tile_it - 2 reduced
             else if (issuer)
                 bulk_wait_read_all();
             consumers_sync();
@@ -258,12 +264,12 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
                 for (int i = 0; i < 8; ++i)
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
-                        *reinterpret_cast<float2*>(&sm.dq[(row0 + 8 * r) * kHeadDim + 64 * wg + 8 * i + c]) =
+                        *reinterpret_cast<float2*>(&sm.dq[buf][(row0 + 8 * r) * kHeadDim + 64 * wg + 8 * i + c]) =
                             make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
             }
             fence_proxy_async_smem();
             if constexpr (kDet) {
-                release(&sm.dq_full);
+                release(&sm.dq_full[buf]);
             } else {
                 consumers_sync();
                 if (issuer) {
@@ -273,7 +279,7 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
                         if (t >= 0)
                             bulk_reduce_add_f32(
                                 p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
-                                &sm.dq[slot * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                                &sm.dq[0][slot * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
                     }
                     bulk_commit();
                 }
@@ -290,7 +296,8 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
                 // the lower ranks left (read from L2: this SM's L1 may hold an older copy).
                 // First the writer finishes this item's dQ tiles: CTAs waiting on them may be
                 // what the wait below waits on.
-                mbar_wait(&sm.dq_empty, (tile_it & 1) ^ 1);
+                const int last = tile_it - 1;  // reduced last, so every earlier tile is too
+                mbar_wait(&sm.dq_empty[last & 1], (last >> 1) & 1);
                 const int rank = p.dkv_rank[it];
                 int32_t* sem = p.dkv_sem + slot;
                 if (issuer) {
@@ -371,7 +378,7 @@ __device__ __forceinline__ void tile_entry(const Params& p, int g, int e, int en
 // kDet: warp 1 of the producer warpgroup reduces each staged dQ tile, lane s the query of slot s:
 // it waits until the query's counter reaches the entry's rank (backward_order.cuh), adds, waits
 // for the add to complete and be visible, and moves the counter on; then frees the staging.
-__device__ __forceinline__ void dq_writer(Smem& sm, const Params& p) {
+__device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p) {
     const int lane = threadIdx.x & 31;
     const int n_items = p.counts[0];
     int tile_it = 0;
@@ -388,13 +395,14 @@ __device__ __forceinline__ void dq_writer(Smem& sm, const Params& p) {
                 rank = p.dq_rank[g * static_cast<int64_t>(p.varlen.total_q) * kTopK + e + lane];
                 seen = ld_relaxed_gpu(sem);  // in flight while the tile is computed
             }
-            mbar_wait(&sm.dq_full, tile_it & 1);
+            const int buf = tile_it & 1;
+            mbar_wait(&sm.dq_full[buf], (tile_it >> 1) & 1);
             if (t >= 0) {
                 spin_at_least(sem, seen, rank);
                 fence_acq_rel_gpu();
                 fence_proxy_async_global();
                 bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
-                                    &sm.dq[lane * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                                    &sm.dq[buf][lane * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
                 bulk_commit();
                 bulk_wait_all();
                 fence_proxy_async_global();
@@ -402,14 +410,14 @@ __device__ __forceinline__ void dq_writer(Smem& sm, const Params& p) {
                 st_relaxed_gpu(sem, rank + 1);
             }
             __syncwarp();
-            if (lane == 0) mbar_arrive(&sm.dq_empty);
+            if (lane == 0) mbar_arrive(&sm.dq_empty[buf]);
         }
     }
 }
 
 // Warp 0 of the producer warpgroup. Lanes 0..3 read the tile's CSR entries; lane 0 issues.
 template <bool kDet>
-__device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* omap,
+__device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* omap,
                                          const CUtensorMap* kmap, const CUtensorMap* vmap) {
     const int lane = threadIdx.x & 31;
     const MsaVarlen& vl = p.varlen;
@@ -477,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if MSA_SM90A_ENABLED
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
-    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    Smem<kDet>& sm = *reinterpret_cast<Smem<kDet>*>(smem_raw);
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         tma_prefetch_map(&qmap);
@@ -490,15 +498,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(&sm.q_full[s], 1);
             mbar_init(&sm.q_empty[s], 8);
         }
-        mbar_init(&sm.dq_full, 8);
-        mbar_init(&sm.dq_empty, 1);
+        for (int b = 0; b < Smem<kDet>::kDqBuffers; ++b) {
+            mbar_init(&sm.dq_full[b], 8);
+            mbar_init(&sm.dq_empty[b], 1);
+        }
         mbar_fence_init();
     }
     __syncthreads();
     if (warp < 4) {
         regs_dealloc<40>();
         if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
-        if (kDet && warp == 1) dq_writer(sm, p);
+        if constexpr (kDet)
+            if (warp == 1) dq_writer(sm, p);
     } else {
         regs_alloc<232>();
         consumer<kDet>(sm, p, warp / 4 - 1);
@@ -580,9 +591,9 @@ inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const u
         if (e != cudaSuccess) return e;
     }
     cudaError_t e =
-        cudaFuncSetAttribute(backward_kernel<kDet>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        cudaFuncSetAttribute(backward_kernel<kDet>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<kDet>);
     if (e != cudaSuccess) return e;
-    backward_kernel<kDet><<<backward_grid(capacity, sms), kThreads, kSmemBytes, stream>>>(qmap, omap, kmap, vmap, p);
+    backward_kernel<kDet><<<backward_grid(capacity, sms), kThreads, kSmemBytes<kDet>, stream>>>(qmap, omap, kmap, vmap, p);
     return cudaGetLastError();
 }
 
