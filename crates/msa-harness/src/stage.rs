@@ -115,6 +115,7 @@ mod tests {
                 None,
                 Some(3.0),
                 Some(2.0),
+                Some(5.0),
                 Some(5.0)
             ]
         );
