@@ -127,6 +127,7 @@ pub fn size_entries(shape: &CallShape) -> Vec<(&'static str, usize)> {
         index_lse,
         forward_sm90_bytes: _,
         backward_sm90_bytes: _,
+        backward_sm90_det_bytes: _,
         indexer_workspace_bytes,
         kl_workspace_bytes,
     } = shape.sizes().clone();
