@@ -140,7 +140,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int c = 2 * (lane & 3);
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
-    const bool issuer = threadIdx.x == 128;               // issues the dQ reductions
+    const bool issuer = threadIdx.x == 128;  // issues the dQ reductions (kDet: orders dK/dV adds)
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
     for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
