@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
             CK(cudaError_t(msa_attn_backward_dkv(&bp, nullptr)));
         };
         const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, vl, dq_acc, dkv_acc, dk, dv};
-        auto run_main = [&] { CK(msa::bwd90::launch_backward(q, k, v, dout, prm, cap, sms, nullptr)); };
+        auto run_main = [&] { CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr)); };
         auto run_sm90 = [&] {
             CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
             build_items();

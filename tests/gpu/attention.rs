@@ -144,15 +144,20 @@ fn bits(x: &[bf16]) -> Vec<u16> {
 }
 
 /// The deterministic backward (and the forward, indexer and KL, which have no atomics) give
-/// bitwise-equal results on repeat; the atomic backward agrees with it within tolerance.
+/// bitwise-equal results on repeat; the atomic backward agrees with it within tolerance, and on
+/// Hopper so does the sm_80 deterministic pair (the reference of the sm_90a deterministic mode).
 #[test]
 fn deterministic_runs_are_bitwise_equal() {
     let cuda = Backend::Cuda(harness::open_device());
+    let sm80 = harness::device()
+        .uses_sm90_kernels()
+        .then(|| Backend::Cuda(harness::open_device().with_sm80_kernels(true)));
     let listed = msa_harness::cases::manifest(msa_workloads::DEV_MANIFEST.as_ref()).unwrap();
     for (case_id, rank) in [(434u64, 3usize), (605, 7), (151, 11)] {
         for pattern in [
             msa_workloads::Pattern::Recent16,
             msa_workloads::Pattern::B0p99,
+            msa_workloads::Pattern::Random,
         ] {
             let p = msa_harness::cases::build(
                 &msa_harness::cases::rank_case(&listed, case_id, rank).unwrap(),
@@ -213,11 +218,20 @@ fn deterministic_runs_are_bitwise_equal() {
             let f = |x: &Option<Vec<bf16>>| -> Vec<f32> {
                 x.as_ref().unwrap().iter().map(|v| v.to_f32()).collect()
             };
-            for (name, x, y) in [
+            let reference = sm80.as_ref().map(|b| b.run(&p, &det).unwrap().outputs);
+            let mut pairs = vec![
                 ("dq_atomic", &atomic.dq, &a.dq),
                 ("dk_atomic", &atomic.dk, &a.dk),
                 ("dv_atomic", &atomic.dv, &a.dv),
-            ] {
+            ];
+            if let Some(v1) = &reference {
+                pairs.extend([
+                    ("dq_sm80_det", &v1.dq, &a.dq),
+                    ("dk_sm80_det", &v1.dk, &a.dk),
+                    ("dv_sm80_det", &v1.dv, &a.dv),
+                ]);
+            }
+            for (name, x, y) in pairs {
                 r.push(compare::cosine(name, &f(x), &f(y), 0.9999));
                 r.push(compare::l2_rel(
                     name,

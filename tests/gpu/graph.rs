@@ -134,9 +134,9 @@ impl Call {
         let shape = CallShape::from_layout(layout, d.sm_count()).expect("shape");
         let s = shape.sizes().clone();
         let inputs = Inputs::generate(layout, 0x6EA9);
-        let mut paths = vec![BackwardPath::Sm80Atomic, BackwardPath::Deterministic];
+        let mut paths = vec![BackwardPath::Sm80Atomic, BackwardPath::Sm80Deterministic];
         if kernels == KernelSet::Sm90a {
-            paths.insert(0, BackwardPath::Sm90);
+            paths.splice(0..0, [BackwardPath::Sm90, BackwardPath::Deterministic]);
         }
         let cu_q = d.upload(layout.cu_seqlens_q());
         let cu_k = d.upload(layout.cu_seqlens_k());
@@ -381,7 +381,9 @@ fn compare_runs(call: &Call, replay: &Outputs, eager: &Outputs, prefix: &str) ->
             let tensor = format!("{prefix}/{path:?}/{name}");
             let (a, e) = (&replay.grads[i][g], &eager.grads[i][g]);
             r.push(match path {
-                BackwardPath::Deterministic => compare::bitwise(&tensor, a, e),
+                BackwardPath::Deterministic | BackwardPath::Sm80Deterministic => {
+                    compare::bitwise(&tensor, a, e)
+                }
                 _ => compare::attention_grad_cosine(&tensor, &f32s(a), &f32s(e), 0.99999),
             });
         }

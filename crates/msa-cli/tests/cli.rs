@@ -187,7 +187,7 @@ fn bench_names_a_bad_stage_and_needs_the_gpu() {
     assert!(
         stderr(&o).contains(
             "[possible values: prepare, prepare_checked, forward, backward, backward_det, indexer, \
-             selection_lse, kl, forward_sm80, backward_sm80]"
+             selection_lse, kl, forward_sm80, backward_sm80, backward_det_sm80]"
         ),
         "{}",
         stderr(&o)
@@ -355,7 +355,7 @@ fn help_lists_the_values_of_every_typed_flag() {
     let o = msa(&["bench", "-h"]);
     expect_exit(&o, 0);
     assert!(
-        stdout(&o).contains("selection_lse, kl, forward_sm80, backward_sm80]"),
+        stdout(&o).contains("forward_sm80, backward_sm80, backward_det_sm80]"),
         "{}",
         stdout(&o)
     );

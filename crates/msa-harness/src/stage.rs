@@ -31,11 +31,14 @@ pub enum Stage {
     ForwardSm80,
     /// The atomic backward on the mma.sync (sm_80) kernels.
     BackwardSm80,
+    /// The deterministic backward on the mma.sync (sm_80) kernels (on Hopper the reference of
+    /// the sm_90a deterministic mode that `backward_det` times).
+    BackwardDeterministicSm80,
 }
 
 impl Stage {
     /// Every stage `msa bench` can time: the API's entry points, in call order.
-    pub const BENCH: [Stage; 10] = [
+    pub const BENCH: [Stage; 11] = [
         Stage::Prepare,
         Stage::PrepareChecked,
         Stage::Forward,
@@ -46,6 +49,7 @@ impl Stage {
         Stage::Kl,
         Stage::ForwardSm80,
         Stage::BackwardSm80,
+        Stage::BackwardDeterministicSm80,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +65,7 @@ impl Stage {
             Stage::Kl => "kl",
             Stage::ForwardSm80 => "forward_sm80",
             Stage::BackwardSm80 => "backward_sm80",
+            Stage::BackwardDeterministicSm80 => "backward_det_sm80",
         }
     }
 
@@ -69,7 +74,10 @@ impl Stage {
         match self {
             Stage::Upload | Stage::Prepare | Stage::PrepareChecked | Stage::SelectionLse => None,
             Stage::Forward | Stage::ForwardSm80 => Some(model.fwd),
-            Stage::Backward | Stage::BackwardDeterministic | Stage::BackwardSm80 => Some(model.bwd),
+            Stage::Backward
+            | Stage::BackwardDeterministic
+            | Stage::BackwardSm80
+            | Stage::BackwardDeterministicSm80 => Some(model.bwd),
             Stage::Indexer => Some(model.indexer),
             Stage::Kl => Some(model.kl),
         }
@@ -114,6 +122,7 @@ mod tests {
                 None,
                 Some(3.0),
                 Some(2.0),
+                Some(5.0),
                 Some(5.0)
             ]
         );

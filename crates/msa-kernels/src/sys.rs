@@ -706,6 +706,16 @@ unsafe extern "C" {
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
+    #[doc = " Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then the order\n tables: counters [4, T] i32, dQ semaphores [4, T] i32, slot semaphores [floor(64 T / 513)] i32,\n item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32 each, key lists [4, T, 16] u64 and dQ\n ranks [4, T * 16] u8 (about 8.5 bytes per CSR entry more: 107 MB at T = 196,608)."]
+    pub fn msa_attn_backward_sm90_det_workspace_bytes(
+        varlen: MsaVarlen,
+        bytes: *mut usize,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). After the item build it zeroes the counters and semaphores and\n builds the accumulation order (attention/backward_order.cuh: three kernels); the main kernel\n (the same one, kDet) adds each dQ tile's contributions and each split row's dK/dV partials in\n that order under semaphores; no slot zeroing. Graph-capturable, no host synchronization."]
+    pub fn msa_attn_backward_sm90_det(
+        params: *const MsaAttnBwdParams,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
     #[doc = " Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates\n   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),\n   dk_pool, dv_pool [W, 4, 128] fp32 += dS^T q, P^T dout  at workspace row kblock * 128 + r,\n with unordered fp32 atomics, so all three must be zeroed (or hold partial sums) beforehand.\n desc = (num_task_rows, rows_per_cta, num_full_ctas, tail_rows, grid_ctas, num_work,\n num_tasks, flags). W = varlen.padded_kv_blocks * 128.\n Grid (grid_launch) (nothing is launched for 0), 256 threads, ~130 KB dynamic smem; CTAs past\n desc.grid_ctas exit at once."]
     pub fn msa_attn_backward_main(
         params: *const MsaAttnBwdParams,

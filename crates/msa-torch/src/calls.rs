@@ -72,15 +72,16 @@ pub fn kernel_set_name(kernels: KernelSet) -> &'static str {
     }
 }
 
-/// The backward path named `sm90`, `sm80_atomic` or `deterministic`.
+/// The backward path named `sm90`, `sm80_atomic`, `deterministic` or `sm80_deterministic`.
 pub fn backward_path(name: &str) -> Result<BackwardPath> {
     match name {
         "sm90" => Ok(BackwardPath::Sm90),
         "sm80_atomic" => Ok(BackwardPath::Sm80Atomic),
         "deterministic" => Ok(BackwardPath::Deterministic),
+        "sm80_deterministic" => Ok(BackwardPath::Sm80Deterministic),
         other => Err(argument(
             "backward path",
-            "\"sm90\", \"sm80_atomic\" or \"deterministic\"",
+            "\"sm90\", \"sm80_atomic\", \"deterministic\" or \"sm80_deterministic\"",
             format!("{other:?}"),
         )),
     }
@@ -92,6 +93,7 @@ pub fn backward_path_name(path: BackwardPath) -> &'static str {
         BackwardPath::Sm90 => "sm90",
         BackwardPath::Sm80Atomic => "sm80_atomic",
         BackwardPath::Deterministic => "deterministic",
+        BackwardPath::Sm80Deterministic => "sm80_deterministic",
     }
 }
 
@@ -125,6 +127,7 @@ pub fn size_entries(shape: &CallShape) -> Vec<(&'static str, usize)> {
         index_lse,
         forward_sm90_bytes: _,
         backward_sm90_bytes: _,
+        backward_sm90_det_bytes: _,
         indexer_workspace_bytes,
         kl_workspace_bytes,
     } = shape.sizes().clone();
@@ -180,6 +183,10 @@ pub fn size_entries(shape: &CallShape) -> Vec<(&'static str, usize)> {
         (
             "backward_workspace_bytes_deterministic",
             s.backward_workspace_bytes(BackwardPath::Deterministic),
+        ),
+        (
+            "backward_workspace_bytes_sm80_deterministic",
+            s.backward_workspace_bytes(BackwardPath::Sm80Deterministic),
         ),
         ("indexer_workspace_bytes", indexer_workspace_bytes),
         ("kl_workspace_bytes", kl_workspace_bytes),
@@ -573,6 +580,7 @@ mod tests {
             BackwardPath::Sm90,
             BackwardPath::Sm80Atomic,
             BackwardPath::Deterministic,
+            BackwardPath::Sm80Deterministic,
         ] {
             assert_eq!(backward_path(backward_path_name(p)).unwrap(), p);
         }

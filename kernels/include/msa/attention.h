@@ -102,6 +102,17 @@ int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast. Reads q, k, v,
  * dout, lse, delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
 int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
+/* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then the order
+ * tables: counters [4, T] i32, dQ semaphores [4, T] i32, slot semaphores [floor(64 T / 513)] i32,
+ * item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32 each, key lists [4, T, 16] u64 and dQ
+ * ranks [4, T * 16] u8 (about 8.5 bytes per CSR entry more: 107 MB at T = 196,608). */
+int msa_attn_backward_sm90_det_workspace_bytes(MsaVarlen varlen, size_t* bytes);
+/* msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same
+ * device, same number of SMs). After the item build it zeroes the counters and semaphores and
+ * builds the accumulation order (attention/backward_order.cuh: three kernels); the main kernel
+ * (the same one, kDet) adds each dQ tile's contributions and each split row's dK/dV partials in
+ * that order under semaphores; no slot zeroing. Graph-capturable, no host synchronization. */
+int msa_attn_backward_sm90_det(const MsaAttnBwdParams* params, void* stream);
 
 /* Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates
  *   dq_accum [T, 64, 128] fp32   += dS k          (final dQ: the softmax scale is inside dS),

@@ -1,6 +1,8 @@
-// The sm_90a backward (msa_attn_backward_sm90): the device item build, the KV-outer main kernel
-// and the dK/dV finisher of attention/backward_sm90.cuh, with the dQ accumulator zeroed first and
-// cast last. Compute capability 9.0 only: other devices take the mma.sync backward.
+// The sm_90a backward (msa_attn_backward_sm90, and its deterministic mode
+// msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the dK/dV
+// finisher of attention/backward_sm90.cuh, with the dQ accumulator zeroed first and cast last;
+// the deterministic mode builds the order of attention/backward_order.cuh in between. Compute
+// capability 9.0 only: other devices take the mma.sync backward.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -10,18 +12,21 @@
 #include "common/constants.cuh"
 #include "common/launch.cuh"
 #include "attention/backward_items.cuh"
+#include "attention/backward_order.cuh"
 #include "attention/backward_sm90.cuh"
 
 namespace msa::bwd90 {
 namespace {
 
-// msa_attn_backward_sm90_workspace_bytes' parts, each 256-byte aligned.
+// msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
+// mode adds the order tables (item_start .. dq_rank), zero-filled parts first.
 struct Workspace {
     size_t dq_accum, items, split_slot, counts, dkv_acc, bytes;
+    size_t tg_count, dq_sem, dkv_sem, item_start, dkv_rank, lists, dq_rank;
     int item_capacity;
 };
 
-Workspace workspace_layout(const MsaVarlen& vl) {
+Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t t = static_cast<size_t>(vl.total_q), p = static_cast<size_t>(vl.padded_kv_blocks);
     const size_t edges = kGroups * t * kTopK;
@@ -34,12 +39,24 @@ Workspace workspace_layout(const MsaVarlen& vl) {
     w.counts = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
+    w.tg_count = w.dq_sem = w.dkv_sem = w.item_start = w.dkv_rank = w.lists = w.dq_rank = w.bytes;
+    if (det) {
+        w.tg_count = w.bytes;
+        w.dq_sem = w.tg_count + kGroups * t * sizeof(int32_t);  // zeroed with tg_count: no align
+        w.dkv_sem = w.dq_sem + kGroups * t * sizeof(int32_t);
+        w.item_start = align(w.dkv_sem + slots * sizeof(int32_t));
+        w.dkv_rank = w.item_start + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+        w.lists = w.dkv_rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+        w.dq_rank = w.lists + align(edges * sizeof(uint64_t));
+        w.bytes = w.dq_rank + align(edges);
+    }
     return w;
 }
 
+template <bool kDet>
 cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     const MsaVarlen& vl = a.varlen;
-    const Workspace w = workspace_layout(vl);
+    const Workspace w = workspace_layout(vl, kDet);
     if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
@@ -53,9 +70,33 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    vl.padded_kv_blocks, w.item_capacity, items, split_slot, counts));
-    MSA_TRY(launch(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), stream, static_cast<const int32_t*>(counts),
-                   reinterpret_cast<float4*>(dkv_acc)));
-    Params p;
+    Params p{};
+    if constexpr (kDet) {
+        const int grid = backward_grid(w.item_capacity, sms);
+        int32_t* tg_count = reinterpret_cast<int32_t*>(base + w.tg_count);
+        int32_t* item_start = reinterpret_cast<int32_t*>(base + w.item_start);
+        int32_t* dkv_rank = reinterpret_cast<int32_t*>(base + w.dkv_rank);
+        uint64_t* lists = reinterpret_cast<uint64_t*>(base + w.lists);
+        uint8_t* dq_rank = reinterpret_cast<uint8_t*>(base + w.dq_rank);
+        MSA_TRY(cudaMemsetAsync(tg_count, 0, w.item_start - w.tg_count, stream));  // + dq_sem, dkv_sem
+        MSA_TRY(launch(backward_order_start_kernel, dim3(1), dim3(kOrderThreads), stream,
+                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid, item_start));
+        MSA_TRY(launch(backward_order_keys_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
+                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
+                       static_cast<const int32_t*>(item_start), a.phys_row_ptr, a.phys_q_indices, vl.total_q,
+                       vl.padded_kv_blocks, grid, tg_count, lists, dkv_rank));
+        MSA_TRY(launch(backward_order_ranks_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
+                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
+                       static_cast<const int32_t*>(item_start), a.phys_q_indices, vl.total_q, grid,
+                       static_cast<const int32_t*>(tg_count), static_cast<const uint64_t*>(lists), dq_rank));
+        p.dq_rank = dq_rank;
+        p.dkv_rank = dkv_rank;
+        p.dq_sem = reinterpret_cast<int32_t*>(base + w.dq_sem);
+        p.dkv_sem = reinterpret_cast<int32_t*>(base + w.dkv_sem);
+    } else {
+        MSA_TRY(launch(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), stream,
+                       static_cast<const int32_t*>(counts), reinterpret_cast<float4*>(dkv_acc)));
+    }
     p.items = items;
     p.counts = counts;
     p.phys_q_indices = a.phys_q_indices;
@@ -68,7 +109,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     p.dkv_acc = dkv_acc;
     p.dk = a.dk;
     p.dv = a.dv;
-    MSA_TRY(launch_backward(a.q, a.k, a.v, a.dout, p, w.item_capacity, sms, stream));
+    MSA_TRY(launch_backward<kDet>(a.q, a.k, a.v, a.dout, p, w.item_capacity, sms, stream));
     if (vl.padded_kv_blocks > 0)
         MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
                        a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
@@ -79,18 +120,39 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
 }  // namespace
 }  // namespace msa::bwd90
 
-extern "C" int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
+namespace {
+
+int workspace_bytes(MsaVarlen varlen, size_t* bytes, bool det) {
     if (bytes == nullptr || varlen.total_q < 0 || varlen.padded_kv_blocks < 0) return cudaErrorInvalidValue;
-    *bytes = msa::bwd90::workspace_layout(varlen).bytes;
+    *bytes = msa::bwd90::workspace_layout(varlen, det).bytes;
     return cudaSuccess;
 }
 
-extern "C" int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream) {
+template <bool kDet>
+int backward(const MsaAttnBwdParams* params, void* stream) {
     if (params == nullptr) return cudaErrorInvalidValue;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     int sm = 0;
     MSA_TRY(msa::current_device_sm(&sm));
     if (!msa::runs_sm90a(sm)) return cudaErrorNotSupported;
     if (params->varlen.total_q <= 0 && params->varlen.total_k <= 0) return cudaSuccess;
-    return msa::bwd90::run(*params, s);
+    return msa::bwd90::run<kDet>(*params, s);
+}
+
+}  // namespace
+
+extern "C" int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
+    return workspace_bytes(varlen, bytes, false);
+}
+
+extern "C" int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream) {
+    return backward<false>(params, stream);
+}
+
+extern "C" int msa_attn_backward_sm90_det_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
+    return workspace_bytes(varlen, bytes, true);
+}
+
+extern "C" int msa_attn_backward_sm90_det(const MsaAttnBwdParams* params, void* stream) {
+    return backward<true>(params, stream);
 }

@@ -17,6 +17,9 @@
 // backward_dkv_finish_kernel casts those (and writes zeros for the keys nobody selected).
 // A producer warp loads K and V per item and Q, dO (tensor boxes of one query's 16 heads; a
 // missing query loads zeros) and the lse / delta rows per tile into a 2-stage ring.
+// Deterministic mode (kDet, the same kernel): each dQ tile and each split row's slot accumulates
+// in the fixed order of attention/backward_order.cuh (semaphores; its comment argues deadlock
+// freedom), and the first contribution to a slot stores instead of adding (no zeroing).
 #pragma once
 
 #include <cstdint>
@@ -28,9 +31,10 @@
 #include "common/varlen.cuh"
 #include "common/sm90/arch.cuh"
 #include "common/sm90/barrier.cuh"
+#include "common/sm90/semaphore.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
-
+#include "attention/backward_order.cuh"
 
 namespace msa::bwd90 {
 
@@ -41,6 +45,7 @@ __device__ __forceinline__ uint32_t pack_bf16_host(float lo, float hi) {
 }
 
 constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;  // two consumer warpgroups; each arrives on an "empty" barrier
 constexpr int kStages = 2;
 constexpr int kTileQueries = 4;
 constexpr int kRows = kTileQueries * kHeadsPerGroup;  // 64
@@ -49,6 +54,7 @@ constexpr int kKvBytes = 2 * kKvHalf;
 constexpr int kQHalf = kRows * 128;                   // [64 rows][64 d] bf16
 constexpr int kQBytes = 2 * kQHalf;
 constexpr int kTokenBytes = kHeadsPerGroup * 128;     // one query's 16 rows of a half
+static_assert(kTileQueries == kTileQueriesOrder, "the order's tiles are the kernel's");
 
 // The queries of one tile: packed index (-1 = empty slot) and keys of the block it sees.
 struct TileInfo {
@@ -56,20 +62,26 @@ struct TileInfo {
     int nv[kTileQueries];
 };
 
+// kDet double-buffers the dQ staging (the writer warp's wait for its turn and for each add to
+// complete overlaps the next tile): 209 KB instead of 177.
+template <bool kDet>
 struct Smem {
+    static constexpr int kDqBuffers = kDet ? 2 : 1;
     uint8_t k[kKvBytes];
     uint8_t v[kKvBytes];
     uint8_t q[kStages][kQBytes];
     uint8_t dout[kStages][kQBytes];
     uint8_t ds[kBlock * kRows * 2];  // dS^T [128 keys][64 rows] bf16, 128-byte swizzle
-    float dq[kRows * kHeadDim];      // dQ of the tile, [64 rows][128 d]
+    float dq[kDqBuffers][kRows * kHeadDim];  // dQ of the tile, [64 rows][128 d]
     float lse[kStages][kRows];
     float delta[kStages][kRows];
     TileInfo info[kStages];
     uint64_t kv_full, kv_empty;
     uint64_t q_full[kStages], q_empty[kStages];
+    uint64_t dq_full[kDqBuffers], dq_empty[kDqBuffers];  // kDet: staged (consumers) / reduced (writer)
 };
-constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
+template <bool kDet>
+constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<kDet>));
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
@@ -84,6 +96,11 @@ struct Params {
     float* dkv_acc;   // [slots, 2, 128 keys, 128 d]: dK, dV of split rows (zeroed)
     uint16_t* dk;     // [Tk, 4, 128]
     uint16_t* dv;
+    // kDet only (attention/backward_order.cuh):
+    const uint8_t* dq_rank;   // [4, T * 16]: rank of each CSR entry's dQ reduction in its tile
+    const int32_t* dkv_rank;  // [items]: rank of an item's dK/dV addition in its split row
+    int32_t* dq_sem;          // [4, T]: reductions done per dQ tile (zeroed)
+    int32_t* dkv_sem;         // [slots]: additions done per split row's slot (zeroed)
 };
 
 #if MSA_SM90A_ENABLED
@@ -111,19 +128,15 @@ __device__ __forceinline__ void to_a_frags(const float (&x)[32], uint32_t (&a)[4
     }
 }
 
-__device__ __forceinline__ void release(uint64_t* bar) {
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
-}
-
 // Named barrier 1: both consumer warpgroups (dS complete / dQ staging free / dQ staged).
 __device__ __forceinline__ void consumers_sync() { named_sync(1, 256); }
 
-__device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
+template <bool kDet>
+__device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg) {
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int c = 2 * (lane & 3);
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
-    const bool issuer = threadIdx.x == 128;               // issues the dQ reductions
+    const bool issuer = threadIdx.x == 128;  // issues the dQ reductions (kDet: orders dK/dV adds)
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
     for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
@@ -229,11 +242,17 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
             fence_regs(dv);
             fence_regs(dk);
             fence_regs(dq);
-            release(&sm.q_empty[st]);
+            mbar_release(&sm.q_empty[st]);
 
             // Stage dQ ([64 rows][128 d] fp32; this warpgroup's 64 columns) once the previous
-            // tile's reductions have read the staging buffer, then reduce it per query.
-            if (issuer) bulk_wait_read_all();
+            // tile's reductions have read the staging buffer, then reduce it per query: the
+            // issuer thread, or (kDet) the writer warp, in the order of its semaphores.
+            // The barrier also keeps the next tile's dS^T writes after both warpgroups' dQ products.
+            const int buf = kDet ? tile_it & 1 : 0;
+            if constexpr (kDet)
+                mbar_wait(&sm.dq_empty[buf], ((tile_it >> 1) & 1) ^ 1);  // tile_it - 2 reduced
+            else if (issuer)
+                bulk_wait_read_all();
             consumers_sync();
             {
                 const int row0 = 16 * warp + (lane >> 2);
@@ -241,28 +260,75 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
                 for (int i = 0; i < 8; ++i)
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
-                        *reinterpret_cast<float2*>(&sm.dq[(row0 + 8 * r) * kHeadDim + 64 * wg + 8 * i + c]) =
+                        *reinterpret_cast<float2*>(&sm.dq[buf][(row0 + 8 * r) * kHeadDim + 64 * wg + 8 * i + c]) =
                             make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
             }
             fence_proxy_async_smem();
-            consumers_sync();
-            if (issuer) {
+            if constexpr (kDet) {
+                mbar_release(&sm.dq_full[buf]);
+            } else {
+                consumers_sync();
+                if (issuer) {
 #pragma unroll
-                for (int slot = 0; slot < kTileQueries; ++slot) {
-                    const int t = info.t[slot];
-                    if (t >= 0)
-                        bulk_reduce_add_f32(
-                            p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
-                            &sm.dq[slot * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                    for (int slot = 0; slot < kTileQueries; ++slot) {
+                        const int t = info.t[slot];
+                        if (t >= 0)
+                            bulk_reduce_add_f32(
+                                p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
+                                &sm.dq[0][slot * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                    }
+                    bulk_commit();
                 }
-                bulk_commit();
             }
         }
-        release(&sm.kv_empty);
+        mbar_release(&sm.kv_empty);
 
         // dK, dV of this thread's two keys (rows past the block's keys skipped).
         const BlockKeys bk = block_keys(p.varlen, pb);
         const int slot = p.split_slot[g * p.varlen.padded_kv_blocks + pb];
+        if constexpr (kDet) {
+            if (slot >= 0) {
+                // The split row's items add in rank order: rank 0 stores, the others add to what
+                // the lower ranks left (read from L2: this SM's L1 may hold an older copy).
+                // First the writer finishes this item's dQ tiles: CTAs waiting on them may be
+                // what the wait below waits on.
+                const int last = tile_it - 1;  // reduced last, so every earlier tile is too
+                mbar_wait(&sm.dq_empty[last & 1], (last >> 1) & 1);
+                const int rank = p.dkv_rank[it];
+                int32_t* sem = p.dkv_sem + slot;
+                if (issuer) {
+                    spin_at_least(sem, ld_relaxed_gpu(sem), rank);
+                    fence_acq_rel_gpu();
+                }
+                consumers_sync();
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int key = key0 + 8 * r;
+                    if (key >= bk.count) continue;
+                    float* acc = p.dkv_acc + ((static_cast<int64_t>(slot) * 2 * kBlock) + key) * kHeadDim + c;
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) {
+                        float2* pk = reinterpret_cast<float2*>(acc + 8 * i);
+                        float2* pv = reinterpret_cast<float2*>(acc + kBlock * kHeadDim + 8 * i);
+                        float2 a = make_float2(dk[4 * i + 2 * r], dk[4 * i + 2 * r + 1]);
+                        float2 b = make_float2(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+                        if (rank > 0) {
+                            const float2 a0 = __ldcg(pk), b0 = __ldcg(pv);
+                            a = make_float2(a0.x + a.x, a0.y + a.y);
+                            b = make_float2(b0.x + b.x, b0.y + b.y);
+                        }
+                        *pk = a;
+                        *pv = b;
+                    }
+                }
+                consumers_sync();  // every thread's stores precede the release
+                if (issuer) {
+                    fence_acq_rel_gpu();
+                    st_relaxed_gpu(sem, rank + 1);
+                }
+                continue;
+            }
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int key = key0 + 8 * r;
@@ -288,12 +354,69 @@ __device__ __forceinline__ void consumer(Smem& sm, const Params& p, int wg) {
     if (issuer) bulk_wait_all();
 }
 
+// Lane `lane` < 4 of the tile at CSR entry e of an item of group g ending at `end`: its query t
+// (-1: none) and the keys of the block it sees, nv. kDet keeps a query that sees no key (all of
+// it masked, adding zeros): its turn in the dQ order must still pass.
+template <bool kDet>
+__device__ __forceinline__ void tile_entry(const Params& p, int g, int e, int end, int keys, int lane, int& t,
+                                           int& nv) {
+    const int64_t at = g * static_cast<int64_t>(p.varlen.total_q) * kTopK + e + lane;
+    t = -1;
+    nv = 0;
+    if (lane < kTileQueries && e + lane < end) {
+        t = p.phys_q_indices[at];
+        nv = min(p.phys_valid[at] & 0xff, keys);
+        if (t < 0 || t >= p.varlen.total_q || (!kDet && nv <= 0)) t = -1, nv = 0;
+        nv = max(nv, 0);
+    }
+}
+
+// kDet: warp 1 of the producer warpgroup reduces each staged dQ tile, lane s the query of slot s:
+// it waits until the query's counter reaches the entry's rank (backward_order.cuh), adds, waits
+// for the add to complete and be visible, and moves the counter on; then frees the staging.
+__device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p) {
+    const int lane = threadIdx.x & 31;
+    const int n_items = p.counts[0];
+    int tile_it = 0;
+    for (int it = blockIdx.x; it < n_items; it += gridDim.x) {
+        const int4 item = p.items[it];
+        const int g = item.x;
+        for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
+            int t, nv;
+            tile_entry<true>(p, g, e, item.w, kBlock, lane, t, nv);
+            int32_t* sem = nullptr;
+            int rank = 0, seen = 0;
+            if (t >= 0) {
+                sem = p.dq_sem + g * static_cast<int64_t>(p.varlen.total_q) + t;
+                rank = p.dq_rank[g * static_cast<int64_t>(p.varlen.total_q) * kTopK + e + lane];
+                seen = ld_relaxed_gpu(sem);  // in flight while the tile is computed
+            }
+            const int buf = tile_it & 1;
+            mbar_wait(&sm.dq_full[buf], (tile_it >> 1) & 1);
+            if (t >= 0) {
+                spin_at_least(sem, seen, rank);
+                fence_acq_rel_gpu();
+                fence_proxy_async_global();
+                bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
+                                    &sm.dq[buf][lane * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                bulk_commit();
+                bulk_wait_all();
+                fence_proxy_async_global();
+                fence_acq_rel_gpu();
+                st_relaxed_gpu(sem, rank + 1);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.dq_empty[buf]);
+        }
+    }
+}
+
 // Warp 0 of the producer warpgroup. Lanes 0..3 read the tile's CSR entries; lane 0 issues.
-__device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* omap,
+template <bool kDet>
+__device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* omap,
                                          const CUtensorMap* kmap, const CUtensorMap* vmap) {
     const int lane = threadIdx.x & 31;
     const MsaVarlen& vl = p.varlen;
-    const int64_t per_group = static_cast<int64_t>(vl.total_q) * kTopK;
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
     for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
@@ -310,12 +433,8 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
         }
         for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
             const int st = tile_it % kStages;
-            int t = -1, nv = 0;
-            if (lane < kTileQueries && e + lane < item.w) {
-                t = p.phys_q_indices[g * per_group + e + lane];
-                nv = min(p.phys_valid[g * per_group + e + lane] & 0xff, bk.count);
-                if (t < 0 || t >= vl.total_q || nv <= 0) t = -1, nv = 0;
-            }
+            int t, nv;
+            tile_entry<kDet>(p, g, e, item.w, bk.count, lane, t, nv);
             TileInfo info;
 #pragma unroll
             for (int s = 0; s < kTileQueries; ++s) {
@@ -355,13 +474,14 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
 
 namespace {  // internal linkage: each including translation unit launches its own
 
+template <bool kDet>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap omap,
                     const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap, const Params p) {
 #if MSA_SM90A_ENABLED
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
-    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    Smem<kDet>& sm = *reinterpret_cast<Smem<kDet>*>(smem_raw);
     const int warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         tma_prefetch_map(&qmap);
@@ -369,20 +489,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_map(&kmap);
         tma_prefetch_map(&vmap);
         mbar_init(&sm.kv_full, 1);
-        mbar_init(&sm.kv_empty, 8);
+        mbar_init(&sm.kv_empty, kConsumerThreads);
         for (int s = 0; s < kStages; ++s) {
             mbar_init(&sm.q_full[s], 1);
-            mbar_init(&sm.q_empty[s], 8);
+            mbar_init(&sm.q_empty[s], kConsumerThreads);
+        }
+        for (int b = 0; b < Smem<kDet>::kDqBuffers; ++b) {
+            mbar_init(&sm.dq_full[b], kConsumerThreads);
+            mbar_init(&sm.dq_empty[b], 1);
         }
         mbar_fence_init();
     }
     __syncthreads();
     if (warp < 4) {
         regs_dealloc<40>();
-        if (warp == 0) producer(sm, p, &qmap, &omap, &kmap, &vmap);
+        if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
+        if constexpr (kDet)
+            if (warp == 1) dq_writer(sm, p);
     } else {
         regs_alloc<232>();
-        consumer(sm, p, warp / 4 - 1);
+        consumer<kDet>(sm, p, warp / 4 - 1);
     }
 #endif
 }
@@ -429,9 +555,15 @@ __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, f
 
 }  // namespace
 
-// Encodes the maps and launches min(capacity, sms) persistent CTAs (the item count is read on
-// the device). dq_accum and dkv_acc accumulate (zero them first); delta = rowsum(dout * out).
-// Run backward_dkv_finish_kernel after it.
+// Persistent CTAs of the main kernel for `capacity` items on `sms` SMs (one per SM); the
+// deterministic order is built for this grid.
+inline int backward_grid(int capacity, int sms) { return capacity < sms ? capacity : sms; }
+
+// Encodes the maps and launches backward_grid persistent CTAs (the item count is read on the
+// device). dq_accum accumulates and so does dkv_acc unless kDet (zero them first); delta =
+// rowsum(dout * out). kDet: the order tables of backward_order.cuh built for this grid, the
+// semaphores zeroed. Run backward_dkv_finish_kernel after it.
+template <bool kDet>
 inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                                    const Params& p, int capacity, int sms, cudaStream_t stream) {
     const MsaVarlen& vl = p.varlen;
@@ -454,10 +586,10 @@ inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const u
         if (e == cudaSuccess) e = sm90::encode_bf16_sw128(&vmap, v, 2, dims, strides, box);
         if (e != cudaSuccess) return e;
     }
-    cudaError_t e = cudaFuncSetAttribute(backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaError_t e =
+        cudaFuncSetAttribute(backward_kernel<kDet>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<kDet>);
     if (e != cudaSuccess) return e;
-    const int grid = capacity < sms ? capacity : sms;
-    backward_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qmap, omap, kmap, vmap, p);
+    backward_kernel<kDet><<<backward_grid(capacity, sms), kThreads, kSmemBytes<kDet>, stream>>>(qmap, omap, kmap, vmap, p);
     return cudaGetLastError();
 }
 

@@ -102,12 +102,22 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
                 m.set_sm80_kernels(false);
                 ms?
             }
-            Stage::Backward | Stage::BackwardDeterministic | Stage::BackwardSm80 => {
+            Stage::Backward
+            | Stage::BackwardDeterministic
+            | Stage::BackwardSm80
+            | Stage::BackwardDeterministicSm80 => {
                 let dout = dout.as_ref().ok_or_else(|| missing(stage, "dout"))?;
+                let sm80 = matches!(
+                    stage,
+                    Stage::BackwardSm80 | Stage::BackwardDeterministicSm80
+                );
                 let bw = BackwardOptions {
-                    deterministic: stage == Stage::BackwardDeterministic,
+                    deterministic: matches!(
+                        stage,
+                        Stage::BackwardDeterministic | Stage::BackwardDeterministicSm80
+                    ),
                 };
-                m.set_sm80_kernels(stage == Stage::BackwardSm80);
+                m.set_sm80_kernels(sm80);
                 let ms = time(m, opts, none, |()| {
                     m.backward(&meta, &q, &k, &v, dout, &fwd.out, &fwd.lse, bw)
                 });

@@ -65,6 +65,32 @@ pub unsafe fn backward_sm90(
     })
 }
 
+/// Scratch bytes [`backward_sm90_det`] needs for this layout (host arithmetic on `varlen`'s
+/// sizes): [`backward_sm90_workspace_bytes`]' and the accumulation order's tables.
+pub fn backward_sm90_det_workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
+    let mut bytes = 0usize;
+    // SAFETY: the launcher reads only the size fields of `varlen` and writes `bytes`.
+    let code = unsafe { sys::msa_attn_backward_sm90_det_workspace_bytes(varlen, &mut bytes) };
+    KernelError::check("msa_attn_backward_sm90_det_workspace_bytes", code)?;
+    Ok(bytes)
+}
+
+/// [`backward_sm90`] in deterministic mode: every dQ row and every split dK/dV row accumulates
+/// in a fixed order (semaphores), so dQ, dK, dV are bitwise repeatable on one device; workspace
+/// [`backward_sm90_det_workspace_bytes`]. Compute capability 9.0 only (an error elsewhere).
+///
+/// # Safety
+/// As [`backward_sm90`].
+pub unsafe fn backward_sm90_det(
+    params: &sys::MsaAttnBwdParams,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract; `params` outlives the call.
+    KernelError::check("msa_attn_backward_sm90_det", unsafe {
+        sys::msa_attn_backward_sm90_det(params, stream)
+    })
+}
+
 /// Accumulates dQ (f32 `dq_accum [T, 64, 128]`, final: the scale is inside dS) and the dK/dV
 /// workspace pools (f32 `[W, 4, 128]`) with unordered atomics over the task tables; reads the
 /// inputs and the main-kernel section of `params`.

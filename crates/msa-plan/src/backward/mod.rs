@@ -12,6 +12,7 @@
 
 pub mod abi;
 pub mod kv_items;
+pub mod kv_order;
 pub mod schedule;
 pub mod task_build;
 pub mod walk;

@@ -299,8 +299,9 @@ def attention_bwd(
     force_sm80: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` bf16 in the shapes of q, k, v; ``deterministic``: the bitwise-repeatable
-    pair (no atomics), else the sm_90a backward on compute capability 9.0 and the sm_80 atomic
-    one elsewhere."""
+    mode (the sm_90a backward with ordered accumulation on compute capability 9.0, the sm_80
+    pair elsewhere or with ``force_sm80``), else the sm_90a backward on compute capability 9.0
+    and the sm_80 atomic one elsewhere."""
     _check_meta(meta)
     device = _device.check_cuda(
         "attention.backward", q=q, k=k, v=v, dout=dout, out=out, lse=lse, topk_indices=meta[6]

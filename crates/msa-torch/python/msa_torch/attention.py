@@ -481,7 +481,7 @@ def backward(
     """Sparse attention backward (MSA's ``msa_v1.attention.backward``): ``(dq, dk, dv)`` bf16
     in the shapes of q, k, v from ``dout``, the forward's ``out`` (bf16) and ``lse`` (f32
     ``[total_q, 64]``). Keys no query selected get exact zeros. ``deterministic=True`` runs the
-    bitwise-repeatable kernels (no atomics)."""
+    bitwise-repeatable kernels (ordered accumulation)."""
     op = "attention.backward"
     _check_scale(op, "softmax_scale", softmax_scale)
     _check_p_mode(op, sparse_attn_p_mode)

@@ -26,7 +26,9 @@ pub struct DeviceGrads {
 /// Backward choices.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BackwardOptions {
-    /// Bitwise-repeatable gradients: dQ query-outer and dK/dV physical-block-outer, no atomics.
+    /// Bitwise-repeatable gradients: on Hopper the sm_90a kernel with a fixed accumulation
+    /// order ([`raw::BackwardPath::Deterministic`]), with [`CudaMsa::with_sm80_kernels`] or
+    /// elsewhere the sm_80 pair (dQ query-outer, dK/dV physical-block-outer, no atomics).
     pub deterministic: bool,
 }
 
@@ -90,8 +92,9 @@ impl CudaMsa {
     /// dQ, dK, dV from the forward's `out` and `lse`: delta preprocess, then on Hopper the sm_90a
     /// KV-outer backward over prepare's physical CSR (unless [`CudaMsa::with_sm80_kernels`]),
     /// elsewhere the device task build + the KV-parallel main kernel (fp32 atomics) + the bf16
-    /// postprocess; with `deterministic`, the bitwise-repeatable pair on every device. Keys no
-    /// query selected get exact zeros.
+    /// postprocess; with `deterministic`, the same kernels' bitwise-repeatable mode (the sm_90a
+    /// kernel with ordered accumulation, or the sm_80 pair). Keys no query selected get exact
+    /// zeros.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,

@@ -144,10 +144,12 @@ pub unsafe fn forward(
 /// workspace, then
 /// - [`BackwardPath::Sm90`] (compute capability 9.0 only; another device is rejected before any
 ///   launch): KV-outer over prepare's physical CSR;
+/// - [`BackwardPath::Deterministic`] (compute capability 9.0 only, as `Sm90`): the same kernel
+///   with a fixed accumulation order, bitwise repeatable on one device;
 /// - [`BackwardPath::Sm80Atomic`]: zeroes the fp32 accumulators, builds the task tables on the
 ///   device ([`task_build`]), runs the KV-parallel main kernel (fp32 atomics) and the bf16
 ///   postprocess;
-/// - [`BackwardPath::Deterministic`]: dQ query-outer and dK/dV physical-block-outer, bitwise
+/// - [`BackwardPath::Sm80Deterministic`]: dQ query-outer and dK/dV physical-block-outer, bitwise
 ///   repeatable.
 ///
 /// `workspace` holds at least
@@ -180,14 +182,16 @@ pub unsafe fn backward(
         BackwardPath::Sm80Atomic if shape.total_q() > 0 => Some(TaskBuildShape::of(shape).sizes()?),
         _ => None,
     };
-    if path == BackwardPath::Sm90 {
+    if path.is_sm90a() {
         let (sm, _) = launch::util::device_sm()?;
         if KernelSet::for_sm(sm) != KernelSet::Sm90a {
-            return Err(
-                KernelError::check("msa_attn_backward_sm90", CUDA_ERROR_NOT_SUPPORTED)
-                    .expect_err("a nonzero code is an error")
-                    .into(),
-            );
+            let launcher = match path {
+                BackwardPath::Deterministic => "msa_attn_backward_sm90_det",
+                _ => "msa_attn_backward_sm90",
+            };
+            return Err(KernelError::check(launcher, CUDA_ERROR_NOT_SUPPORTED)
+                .expect_err("a nonzero code is an error")
+                .into());
         }
     }
     let mut delta = workspace.carve::<f32>(carve.delta, s.query_heads);
@@ -213,8 +217,14 @@ pub unsafe fn backward(
         ..base
     };
     match path {
-        BackwardPath::Sm90 => {
-            let ws = workspace.carve::<u8>(carve.sm90, s.backward_sm90_bytes);
+        BackwardPath::Sm90 | BackwardPath::Deterministic => {
+            let det = path == BackwardPath::Deterministic;
+            let bytes = if det {
+                s.backward_sm90_det_bytes
+            } else {
+                s.backward_sm90_bytes
+            };
+            let ws = workspace.carve::<u8>(carve.sm90, bytes);
             let params = sys::MsaAttnBwdParams {
                 workspace: ws.ptr().cast(),
                 workspace_bytes: ws.len(),
@@ -222,9 +232,15 @@ pub unsafe fn backward(
             };
             // SAFETY: lengths checked above, the sm_90a part of the workspace holds the bytes
             // the launcher needs; the caller's contract covers the rest.
-            unsafe { launch::attention::backward_sm90(&params, stream.as_raw())? };
+            unsafe {
+                if det {
+                    launch::attention::backward_sm90_det(&params, stream.as_raw())?
+                } else {
+                    launch::attention::backward_sm90(&params, stream.as_raw())?
+                }
+            };
         }
-        BackwardPath::Deterministic => {
+        BackwardPath::Sm80Deterministic => {
             let params = sys::MsaAttnBwdParams {
                 topk: meta.topk.ptr(),
                 ..csr

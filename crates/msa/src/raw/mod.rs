@@ -12,10 +12,11 @@
 //!    key ranges) on the device from cu_seqlens_q/k and fragment_indices.
 //! 3. [`prepare`] (unchecked, never synchronizes) builds the metadata of one selection;
 //!    [`validate_prepare`] is the explicit synchronizing check of its error word.
-//! 4. [`forward`], [`backward`] (a [`BackwardPath`]: the sm_90a kernels, the sm_80 task build +
-//!    atomics, or the deterministic pair), [`indexer_forward`], [`selection_lse`],
-//!    [`kl_backward`], and the backward's pieces ([`backward_preprocess`], [`task_build`],
-//!    [`backward_postprocess_dq`], [`backward_postprocess_dkv`]).
+//! 4. [`forward`], [`backward`] (a [`BackwardPath`]: the sm_90a kernel in default or
+//!    deterministic mode, the sm_80 task build + atomics, or the sm_80 deterministic pair),
+//!    [`indexer_forward`], [`selection_lse`], [`kl_backward`], and the backward's pieces
+//!    ([`backward_preprocess`], [`task_build`], [`backward_postprocess_dq`],
+//!    [`backward_postprocess_dkv`]).
 //!
 //! Every entry point is an `unsafe fn` over [`DevSlice`] / [`DevSliceMut`] views (an address
 //! and an element count) and a [`Stream`]. Each checks the length (and alignment) of every

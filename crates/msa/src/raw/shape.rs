@@ -50,23 +50,35 @@ pub enum BackwardPath {
     /// `msa_attn_backward_sm90`: KV-outer wgmma/TMA over prepare's physical CSR (compute
     /// capability 9.0 only). dQ is reduced in arrival order: not bitwise repeatable.
     Sm90,
+    /// `msa_attn_backward_sm90_det`: the same kernel with dQ rows and split dK/dV rows
+    /// accumulated in a fixed order (semaphores): bitwise repeatable on one device (compute
+    /// capability 9.0 only).
+    Deterministic,
     /// The sm_80 backward: device task build, KV-parallel main kernel with fp32 atomics, bf16
     /// postprocess. Not bitwise repeatable.
     Sm80Atomic,
-    /// The deterministic pair (dQ query-outer, dK/dV physical-block-outer), no atomics: bitwise
-    /// repeatable, on every device.
-    Deterministic,
+    /// The sm_80 deterministic pair (dQ query-outer, dK/dV physical-block-outer), no atomics:
+    /// bitwise repeatable, on every device; the reference of [`BackwardPath::Deterministic`].
+    Sm80Deterministic,
 }
 
 impl BackwardPath {
-    /// MSA's choice: `deterministic` → [`BackwardPath::Deterministic`]; else the sm_90a kernels
-    /// on [`KernelSet::Sm90a`] and the sm_80 atomic backward elsewhere.
+    /// MSA's choice: the sm_90a kernel on [`KernelSet::Sm90a`] ([`BackwardPath::Deterministic`]
+    /// when `deterministic`, else [`BackwardPath::Sm90`]), the sm_80 kernels on
+    /// [`KernelSet::Sm80`] ([`BackwardPath::Sm80Deterministic`] or
+    /// [`BackwardPath::Sm80Atomic`]).
     pub fn select(deterministic: bool, kernels: KernelSet) -> Self {
         match (deterministic, kernels) {
-            (true, _) => Self::Deterministic,
+            (true, KernelSet::Sm90a) => Self::Deterministic,
             (false, KernelSet::Sm90a) => Self::Sm90,
+            (true, KernelSet::Sm80) => Self::Sm80Deterministic,
             (false, KernelSet::Sm80) => Self::Sm80Atomic,
         }
+    }
+
+    /// Whether the path runs the sm_90a kernel (compute capability 9.0 only).
+    pub fn is_sm90a(self) -> bool {
+        matches!(self, Self::Sm90 | Self::Deterministic)
     }
 }
 
@@ -366,6 +378,8 @@ pub struct Sizes {
     pub forward_sm90_bytes: usize,
     /// `msa_attn_backward_sm90_workspace_bytes`: the sm_90a part of the backward workspace.
     pub backward_sm90_bytes: usize,
+    /// `msa_attn_backward_sm90_det_workspace_bytes`: that part in deterministic mode.
+    pub backward_sm90_det_bytes: usize,
     /// `msa_indexer_workspace_bytes`.
     pub indexer_workspace_bytes: usize,
     /// `msa_kl_workspace_bytes`.
@@ -443,6 +457,10 @@ impl Sizes {
                 "sm_90a backward workspace",
                 launch::attention::backward_sm90_workspace_bytes(varlen),
             )?,
+            backward_sm90_det_bytes: host(
+                "deterministic sm_90a backward workspace",
+                launch::attention::backward_sm90_det_workspace_bytes(varlen),
+            )?,
             indexer_workspace_bytes: host(
                 "indexer workspace",
                 launch::indexer::workspace_bytes(varlen),
@@ -453,9 +471,11 @@ impl Sizes {
 
     /// The carve of the backward workspace of `path`: `delta [T, 64]` f32, then
     /// - [`BackwardPath::Sm90`]: the sm_90a launcher's scratch ([`Sizes::backward_sm90_bytes`]);
+    /// - [`BackwardPath::Deterministic`]: its deterministic mode's
+    ///   ([`Sizes::backward_sm90_det_bytes`]);
     /// - [`BackwardPath::Sm80Atomic`]: `dq_accum [T, 64, 128]`, `dk_pool`, `dv_pool [W, 4, 128]`
     ///   f32, the task-build scratch and tables i32;
-    /// - [`BackwardPath::Deterministic`]: nothing more;
+    /// - [`BackwardPath::Sm80Deterministic`]: nothing more;
     ///
     /// each part 256-byte aligned.
     pub(crate) fn backward_carve(&self, path: BackwardPath) -> BackwardCarve {
@@ -471,10 +491,14 @@ impl Sizes {
             bytes: f32s(self.query_heads),
         };
         match path {
-            BackwardPath::Deterministic => {}
+            BackwardPath::Sm80Deterministic => {}
             BackwardPath::Sm90 => {
                 c.sm90 = c.bytes;
                 c.bytes += align_up(self.backward_sm90_bytes);
+            }
+            BackwardPath::Deterministic => {
+                c.sm90 = c.bytes;
+                c.bytes += align_up(self.backward_sm90_det_bytes);
             }
             BackwardPath::Sm80Atomic => {
                 c.dq_accum = c.bytes;

@@ -80,12 +80,16 @@ fn backward_workspace_parts_are_aligned_and_disjoint() {
     let s = CallShape::from_layout(&l, SMS).unwrap().sizes().clone();
     let delta = (s.query_heads * 4).div_ceil(256) * 256;
     assert_eq!(
-        s.backward_workspace_bytes(BackwardPath::Deterministic),
+        s.backward_workspace_bytes(BackwardPath::Sm80Deterministic),
         delta
     );
     let sm90 = s.backward_carve(BackwardPath::Sm90);
     assert_eq!(sm90.sm90, delta);
     assert!(sm90.bytes >= delta + s.backward_sm90_bytes);
+    let det = s.backward_carve(BackwardPath::Deterministic);
+    assert_eq!(det.sm90, delta);
+    assert!(s.backward_sm90_det_bytes > s.backward_sm90_bytes);
+    assert!(det.bytes >= delta + s.backward_sm90_det_bytes);
     let c = s.backward_carve(BackwardPath::Sm80Atomic);
     let tb = s.task_build.unwrap();
     let parts = [
@@ -180,6 +184,12 @@ fn backward_path_follows_msa() {
     assert_eq!(BackwardPath::select(false, KernelSet::Sm90a), Sm90);
     assert_eq!(BackwardPath::select(false, KernelSet::Sm80), Sm80Atomic);
     assert_eq!(BackwardPath::select(true, KernelSet::Sm90a), Deterministic);
+    assert_eq!(
+        BackwardPath::select(true, KernelSet::Sm80),
+        Sm80Deterministic
+    );
+    assert!(Sm90.is_sm90a() && Deterministic.is_sm90a());
+    assert!(!Sm80Atomic.is_sm90a() && !Sm80Deterministic.is_sm90a());
     assert_eq!(KernelSet::for_capability(9, 0), KernelSet::Sm90a);
     assert_eq!(KernelSet::for_capability(8, 0), KernelSet::Sm80);
     assert_eq!(KernelSet::for_capability(10, 0), KernelSet::Sm80);
@@ -363,7 +373,7 @@ fn every_entry_point_checks_lengths_before_any_launch() {
         dk: f.rw(s.keys),
         dv: f.rw(s.keys),
     };
-    let ws = f.rw::<u8>(s.backward_workspace_bytes(BackwardPath::Deterministic));
+    let ws = f.rw::<u8>(s.backward_workspace_bytes(BackwardPath::Sm80Deterministic));
     // SAFETY: rejected before any launch.
     let r = unsafe {
         backward(

@@ -1,0 +1,279 @@
+//! Accumulation order of the deterministic sm_90a backward
+//! (kernels/src/attention/backward_order.cuh, whose comment gives the argument): item `I` of
+//! [`super::kv_items`] runs on CTA `I % G` of `G` persistent CTAs, starting at the estimated
+//! tile time `start(I)` (the tiles of the CTA's earlier items plus [`ITEM_OVERHEAD_TILES`] each).
+//! Each dQ tile (query, group) adds its contributions, and each split row's dK/dV slot its items'
+//! partials, in ascending order of the event keys (half-tile time, CTA); the ranks here are what
+//! the device order build writes (`backward_order_*_kernel`), for the entries with a valid query.
+
+use super::kv_items::{KvItems, KV_ITEM_QUERIES};
+use crate::csr::PhysicalCsr;
+use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
+
+/// Estimated cost of an item beyond its tiles (K/V load, dK/dV store), in tile times.
+pub const ITEM_OVERHEAD_TILES: usize = 2;
+/// CSR entries (queries) per tile of the main kernel.
+pub const TILE_QUERIES: usize = 4;
+
+/// Persistent CTAs of the main kernel (`backward_grid`): one per SM, at most one per item slot.
+pub fn backward_grid(item_capacity: usize, sms: usize) -> usize {
+    item_capacity.min(sms)
+}
+
+/// The key of an event at `half_time` (half tiles) on CTA `cta` of `grid`.
+pub fn order_key(half_time: u64, cta: usize, grid: usize) -> u64 {
+    half_time * grid as u64 + cta as u64
+}
+
+/// The order tables of one item list and grid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvOrder {
+    pub grid: usize,
+    /// `[count]`: estimated start of each item, in tiles of its CTA's timeline.
+    pub item_start: Vec<i32>,
+    /// `[count]`: rank of each item's dK/dV addition among its row's items (0 for unsplit rows).
+    pub dkv_rank: Vec<i32>,
+    /// `[4, T·16]`: rank of each CSR entry's dQ reduction among its (group, query)'s; 0 for
+    /// entries without a valid query (the device leaves those unwritten).
+    pub dq_rank: Vec<u8>,
+}
+
+fn item(items: &KvItems, i: usize) -> [usize; 4] {
+    let w = &items.items[i * 4..i * 4 + 4];
+    [w[0] as usize, w[1] as usize, w[2] as usize, w[3] as usize]
+}
+
+fn tiles(it: [usize; 4]) -> usize {
+    (it[3] - it[2]).div_ceil(TILE_QUERIES)
+}
+
+impl KvOrder {
+    /// Key of the dQ reduction of tile `tile` of item `i`.
+    pub fn dq_key(&self, i: usize, tile: usize) -> u64 {
+        let half = 2 * (self.item_start[i] as u64 + tile as u64);
+        order_key(half, i % self.grid, self.grid)
+    }
+
+    /// Key of the dK/dV addition of item `i` (after its last tile, before its CTA's next item).
+    pub fn dkv_key(&self, items: &KvItems, i: usize) -> u64 {
+        let half = 2 * (self.item_start[i] as u64 + tiles(item(items, i)) as u64) - 1;
+        order_key(half, i % self.grid, self.grid)
+    }
+}
+
+/// The order of `items` (built from `csr`) on `grid` CTAs.
+pub fn build_kv_order(csr: &PhysicalCsr, items: &KvItems, grid: usize) -> KvOrder {
+    assert!(grid > 0, "at least one CTA");
+    let n = items.count;
+    let mut order = KvOrder {
+        grid,
+        item_start: vec![0; n],
+        dkv_rank: vec![0; n],
+        dq_rank: vec![0; NUM_KV_HEADS * csr.edge_capacity()],
+    };
+    for c in 0..grid.min(n) {
+        let mut acc = 0usize;
+        for i in (c..n).step_by(grid) {
+            order.item_start[i] = acc as i32;
+            acc += tiles(item(items, i)) + ITEM_OVERHEAD_TILES;
+        }
+    }
+    // dK/dV: rank among the row's items (consecutive indices) by key.
+    for i in 0..n {
+        let [g, block, first, _] = item(items, i);
+        let (lo, hi) = csr.row_range(g, block);
+        let row_first = i - (first - lo) / KV_ITEM_QUERIES;
+        let row_items = (hi - lo).div_ceil(KV_ITEM_QUERIES);
+        let mine = order.dkv_key(items, i);
+        order.dkv_rank[i] = (row_first..row_first + row_items)
+            .filter(|&o| o != i && order.dkv_key(items, o) < mine)
+            .count() as i32;
+    }
+    // dQ: the keys of each (group, query)'s contributions, then each entry's rank among them.
+    let t = csr.total_q;
+    let per = csr.edge_capacity();
+    let mut keys: Vec<Vec<u64>> = vec![Vec::new(); NUM_KV_HEADS * t];
+    let mut entries = Vec::new();
+    for i in 0..n {
+        let [g, _, first, end] = item(items, i);
+        for e in first..end {
+            let q = csr.q_indices[g * per + e];
+            if q >= 0 && (q as usize) < t {
+                let key = order.dq_key(i, (e - first) / TILE_QUERIES);
+                keys[g * t + q as usize].push(key);
+                entries.push((g * per + e, g * t + q as usize, key));
+            }
+        }
+    }
+    for (at, tg, key) in entries {
+        order.dq_rank[at] = keys[tg].iter().filter(|&&k| k < key).count() as u8;
+    }
+    debug_assert!(keys.iter().all(|k| k.len() <= TOPK_BLOCKS));
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backward::kv_items::{build_kv_items, kv_item_capacity};
+    use crate::csr::build_physical_csr;
+    use crate::layout::VarlenLayout;
+    use crate::testing::recent_topk;
+
+    /// Random selections (own block + up to 15 distinct earlier ones), seeded.
+    fn random_topk(layout: &VarlenLayout, seed: u64) -> Vec<i32> {
+        let t = layout.total_q();
+        let mut s = seed;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut topk = vec![-1; NUM_KV_HEADS * t * TOPK_BLOCKS];
+        for f in layout.fragments() {
+            for i in 0..f.q_len {
+                let own = f.position(i) / 128;
+                for g in 0..NUM_KV_HEADS {
+                    let row = &mut topk[(g * t + f.q_start + i) * TOPK_BLOCKS..][..TOPK_BLOCKS];
+                    row[0] = own as i32;
+                    let mut n = 1;
+                    for _ in 0..64 {
+                        if n == TOPK_BLOCKS || own == 0 {
+                            break;
+                        }
+                        let b = (next() % own as u64) as i32;
+                        if !row[..n].contains(&b) {
+                            row[n] = b;
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+        topk
+    }
+
+    fn layouts() -> Vec<(VarlenLayout, Vec<i32>)> {
+        // A long document (rows of 2,048 entries and a 6-item sink-like first block) and short
+        // ones, recent and random.
+        let l = VarlenLayout::documents(&[0, 6144, 6144 + 300, 6144 + 301, 6144 + 1500]).unwrap();
+        let r = recent_topk(&l);
+        let x = random_topk(&l, 0x5EED);
+        vec![(l.clone(), r), (l, x)]
+    }
+
+    /// One event of a CTA's program: a dQ reduction (group·T + query, rank) or a dK/dV addition
+    /// (row, rank), in the kernel's order.
+    #[derive(Clone, Copy)]
+    enum Event {
+        Dq(usize, u8),
+        Dkv(usize, i32),
+    }
+
+    fn programs(csr: &PhysicalCsr, items: &KvItems, o: &KvOrder) -> Vec<Vec<(u64, Event)>> {
+        let (t, per) = (csr.total_q, csr.edge_capacity());
+        let mut progs = vec![Vec::new(); o.grid];
+        for i in 0..items.count {
+            let [g, block, first, end] = item(items, i);
+            let p = &mut progs[i % o.grid];
+            for e in first..end {
+                let q = csr.q_indices[g * per + e];
+                if q >= 0 {
+                    let ev = Event::Dq(g * t + q as usize, o.dq_rank[g * per + e]);
+                    p.push((o.dq_key(i, (e - first) / TILE_QUERIES), ev));
+                }
+            }
+            let row = g * csr.blocks + block;
+            if items.split_slot[row] >= 0 {
+                p.push((o.dkv_key(items, i), Event::Dkv(row, o.dkv_rank[i])));
+            }
+        }
+        progs
+    }
+
+    #[test]
+    fn ranks_number_each_tile_and_row_in_key_order() {
+        for (layout, topk) in layouts() {
+            let csr = build_physical_csr(&layout, &topk).unwrap();
+            let items = build_kv_items(&csr);
+            for sms in [1, 7, 132] {
+                let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
+                let o = build_kv_order(&csr, &items, grid);
+                let mut dq: Vec<Vec<(u8, u64)>> = vec![Vec::new(); NUM_KV_HEADS * csr.total_q];
+                let mut dkv: Vec<Vec<(i32, u64)>> = vec![Vec::new(); NUM_KV_HEADS * csr.blocks];
+                for p in programs(&csr, &items, &o) {
+                    // A CTA's events have non-decreasing keys in program order (the rows of one
+                    // tile share a key; their waits are on smaller keys only).
+                    assert!(p.windows(2).all(|w| w[0].0 <= w[1].0));
+                    for (key, ev) in p {
+                        match ev {
+                            Event::Dq(tg, r) => dq[tg].push((r, key)),
+                            Event::Dkv(row, r) => dkv[row].push((r, key)),
+                        }
+                    }
+                }
+                // Ranks 0..n-1, ascending with the keys.
+                for list in dq.iter_mut() {
+                    list.sort();
+                    assert!(list.iter().enumerate().all(|(r, &(x, _))| x as usize == r));
+                    assert!(list.windows(2).all(|w| w[0].1 < w[1].1));
+                }
+                for list in dkv.iter_mut() {
+                    list.sort();
+                    assert!(list.iter().enumerate().all(|(r, &(x, _))| x as usize == r));
+                    assert!(list.windows(2).all(|w| w[0].1 < w[1].1));
+                }
+                assert!(
+                    dkv.iter().any(|l| l.len() > 2),
+                    "some row splits in 3+ items"
+                );
+            }
+        }
+    }
+
+    /// The persistent schedule cannot deadlock: G CTAs each run their program, an event waiting
+    /// until its tile's / row's counter reaches its rank; every step some CTA advances.
+    #[test]
+    fn the_schedule_completes_under_the_semaphores() {
+        for (layout, topk) in layouts() {
+            let csr = build_physical_csr(&layout, &topk).unwrap();
+            let items = build_kv_items(&csr);
+            for sms in [1, 3, 132] {
+                let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
+                let o = build_kv_order(&csr, &items, grid);
+                let progs = programs(&csr, &items, &o);
+                let mut dq_sem = vec![0u8; NUM_KV_HEADS * csr.total_q];
+                let mut dkv_sem = vec![0i32; NUM_KV_HEADS * csr.blocks];
+                let mut pc = vec![0usize; grid];
+                let total: usize = progs.iter().map(Vec::len).sum();
+                let mut done = 0;
+                while done < total {
+                    let mut moved = false;
+                    for (c, p) in progs.iter().enumerate() {
+                        while let Some(&(_, ev)) = p.get(pc[c]) {
+                            let ready = match ev {
+                                Event::Dq(tg, r) => dq_sem[tg] == r,
+                                Event::Dkv(row, r) => dkv_sem[row] == r,
+                            };
+                            if !ready {
+                                break;
+                            }
+                            match ev {
+                                Event::Dq(tg, _) => dq_sem[tg] += 1,
+                                Event::Dkv(row, _) => dkv_sem[row] += 1,
+                            }
+                            pc[c] += 1;
+                            done += 1;
+                            moved = true;
+                        }
+                    }
+                    assert!(
+                        moved,
+                        "deadlock with {done} of {total} events done (grid {grid})"
+                    );
+                }
+            }
+        }
+    }
+}
