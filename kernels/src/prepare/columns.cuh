@@ -27,8 +27,8 @@ struct RowTables {
     int target;
 };
 
-using LevelScan = cub::BlockScan<int, kThreads>;
-using LevelReduce = cub::BlockReduce<int, kThreads>;
+using LevelScan = cub::BlockScan<int, kLevelThreads>;
+using LevelReduce = cub::BlockReduce<int, kLevelThreads>;
 
 // Exclusive prefix of the set bits of one column, by one warp, 32 consecutive words per step
 // (lane l: word 32 c + l) so every load and store is one coalesced 128-byte line.
@@ -53,23 +53,23 @@ __device__ __forceinline__ void column_prefix(const Bitmap& bm, size_t col, int 
 // nb_b > L: row = sum_b' min(nb_b', L) + #{b' < b : nb_b' > L} (msa_plan::layout), and per head
 // the row's edges = the column's bits in the fragment's query range. A physical block's earlier
 // edges come from the document's earlier fragments (fragments of a document share its blocks;
-// packed order = ascending queries): from shared memory within the tile of 256 fragments,
+// packed order = ascending queries): from shared memory within the tile of 128 fragments,
 // from the bitmap for fragments of earlier tiles.
-__global__ void __launch_bounds__(kThreads) level_kernel(MsaVarlen v, Bitmap bm, RowTables o) {
+__global__ void __launch_bounds__(kLevelThreads, kLevelCtasPerSm) level_kernel(MsaVarlen v, Bitmap bm, RowTables o) {
     __shared__ union {
         typename LevelReduce::TempStorage reduce;
         typename LevelScan::TempStorage scan[2];
     } smem;
     __shared__ int rows_before;
-    __shared__ int tile_first[kThreads];
-    __shared__ int tile_count[kIndexHeads][kThreads];
+    __shared__ int tile_first[kLevelThreads];
+    __shared__ int tile_count[kIndexHeads][kLevelThreads];
     const int level = blockIdx.x;
     const int warp = int(threadIdx.x / 32u);
     const int lane = int(threadIdx.x % 32u);
     if (warp < kIndexHeads) column_prefix(bm, bm.column(warp, level), lane);
 
     int below = 0;
-    for (int b = threadIdx.x; b < v.batch; b += kThreads) below += min(fragment(v, b).num_blocks, level);
+    for (int b = threadIdx.x; b < v.batch; b += kLevelThreads) below += min(fragment(v, b).num_blocks, level);
     const int total_below = LevelReduce(smem.reduce).Sum(below);
     if (threadIdx.x == 0) rows_before = total_below;
     __syncthreads();  // also publishes the column prefixes
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) level_kernel(MsaVarlen v, Bitmap bm,
     const int R = v.total_rows;
     int active_carry = 0;
     int offset_carry = 0;
-    for (int tile = 0; tile < v.batch; tile += kThreads) {
+    for (int tile = 0; tile < v.batch; tile += kLevelThreads) {
         const int b = tile + int(threadIdx.x);
         Frag f{};
         if (b < v.batch) f = fragment(v, b);
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) level_kernel(MsaVarlen v, Bitmap bm,
 #pragma unroll
                 for (int h = 0; h < kIndexHeads; ++h) earlier[h] += tile_count[h][e - tile];
             }
-            for (int e = f.first; e < tile; ++e) {  // a document spanning tiles (B > 256)
+            for (int e = f.first; e < tile; ++e) {  // a document spanning tiles (B > 128)
                 if (v.fragment_first[e] != f.first) continue;
                 const int qs = v.cu_seqlens_q[e], qe = v.cu_seqlens_q[e + 1];
 #pragma unroll

@@ -82,7 +82,7 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     rt.doc_ws = out.document_workspace_starts;
     rt.doc_qoff = out.query_offsets;
     rt.target = target_q_per_cta;
-    MSA_TRY(launch(level_kernel, unsigned(plan.levels), kThreads, s, varlen, bm, rt));
+    MSA_TRY(launch(level_kernel, unsigned(plan.levels), kLevelThreads, s, varlen, bm, rt));
 
     OffsetArgs oa;
     oa.fault = fault;

@@ -14,7 +14,9 @@ static_assert(kTopK == 16, "a query's 16 slots are one thread's registers");
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kTileQueries = 32;  // queries per bitmap word: one warp, lane = q % 32
 
-constexpr int kThreads = 256;          // select, level and scatter kernels
+constexpr int kThreads = 256;          // select and scatter kernels
+constexpr int kLevelThreads = 128;     // level_kernel: a warp per head's column
+constexpr int kLevelCtasPerSm = 12;    // <= 40 registers: 132 x 12 CTAs hold L_max ~ 1,500 in one wave
 constexpr int kOffsetThreads = 1024;   // offsets_kernel: a CTA scans one head's counts
 constexpr int kOffsetItems = 8;        // items per thread per pass of those scans
 
