@@ -31,21 +31,32 @@ using LevelScan = cub::BlockScan<int, kLevelThreads>;
 using LevelReduce = cub::BlockReduce<int, kLevelThreads>;
 
 // Exclusive prefix of the set bits of one column, by one warp, 32 consecutive words per step
-// (lane l: word 32 c + l) so every load and store is one coalesced 128-byte line.
+// (lane l: word 32 c + l) so every load and store is one coalesced 128-byte line. The words of
+// kPrefixBatch steps are loaded before any store: the compiler cannot move a load of words
+// above a store to prefix (they may alias), so one round trip per batch, not per step.
+constexpr int kPrefixBatch = 8;
+
 __device__ __forceinline__ void column_prefix(const Bitmap& bm, size_t col, int lane) {
     int carry = 0;
-#pragma unroll 4
-    for (int w0 = 0; w0 < bm.stride; w0 += 32) {
-        const int w = w0 + lane;
-        const int bits = w < bm.stride ? __popc(bm.words[col + w]) : 0;
-        int inclusive = bits;
+    for (int w0 = 0; w0 < bm.stride; w0 += 32 * kPrefixBatch) {
+        int bits[kPrefixBatch];
 #pragma unroll
-        for (int d = 1; d < 32; d *= 2) {
-            const int other = __shfl_up_sync(kFullMask, inclusive, d);
-            if (lane >= d) inclusive += other;
+        for (int j = 0; j < kPrefixBatch; ++j) {
+            const int w = w0 + 32 * j + lane;
+            bits[j] = w < bm.stride ? __popc(bm.words[col + w]) : 0;
         }
-        if (w < bm.stride) bm.prefix[col + w] = carry + inclusive - bits;
-        carry += __shfl_sync(kFullMask, inclusive, 31);
+#pragma unroll
+        for (int j = 0; j < kPrefixBatch; ++j) {
+            int inclusive = bits[j];
+#pragma unroll
+            for (int d = 1; d < 32; d *= 2) {
+                const int other = __shfl_up_sync(kFullMask, inclusive, d);
+                if (lane >= d) inclusive += other;
+            }
+            const int w = w0 + 32 * j + lane;
+            if (w < bm.stride) bm.prefix[col + w] = carry + inclusive - bits[j];
+            carry += __shfl_sync(kFullMask, inclusive, 31);
+        }
     }
 }
 

@@ -15,6 +15,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kTileQueries = 32;  // queries per bitmap word: one warp, lane = q % 32
 
 constexpr int kThreads = 256;          // select and scatter kernels
+constexpr int kScatterCtasPerSm = 3;  // <= 80 registers: the 16 slots' loads in flight at once
 constexpr int kLevelThreads = 128;     // level_kernel: a warp per head's column
 constexpr int kLevelCtasPerSm = 12;    // <= 40 registers: 132 x 12 CTAs hold L_max ~ 1,500 in one wave
 constexpr int kOffsetThreads = 1024;   // offsets_kernel: a CTA scans one head's counts

@@ -151,11 +151,11 @@ __device__ __forceinline__ void work_item(const MsaVarlen& v, const ScatterArgs&
     for (int w = 0; w < kWorkWords; ++w) out[w] = words[w];
 }
 
-__global__ void __launch_bounds__(kThreads) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
+__global__ void __launch_bounds__(kThreads, kScatterCtasPerSm) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
     if (blockIdx.x < a.query_ctas) {
         const QueryThread t = query_thread(v.total_q, a.tiles);
+        scatter_query(v, bm, a, t);  // first: its loads would wait behind the tails' stores
         scatter_tails(v, a, t, int(threadIdx.x % 32u));
-        scatter_query(v, bm, a, t);
     } else {
         work_item(v, a, int((blockIdx.x - a.query_ctas) * kThreads + threadIdx.x));
     }
