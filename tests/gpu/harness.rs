@@ -154,7 +154,8 @@ pub fn dev_selection_groups(
 /// Layouts where off-by-one rules break: T below one block, single-token documents, lengths
 /// that are not multiples of 128, CP fragments (shared physical blocks, query offsets), a
 /// fragment with keys but no queries, empty batch entries, several 512-query windows; then
-/// random layouts of `msa_plan::testing` (deterministic).
+/// random layouts of `msa_plan::testing` (deterministic); then a document whose fragments
+/// straddle the level kernel's tile of 128 fragments.
 pub fn edge_layouts() -> Vec<(String, VarlenLayout)> {
     use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -207,6 +208,20 @@ pub fn edge_layouts() -> Vec<(String, VarlenLayout)> {
             .current();
         out.push((format!("random{i}"), layout));
     }
+    // Last, so the earlier layouts keep their indices (their selection seeds).
+    out.push((
+        // A document's fragments 126..129 straddle prepare's level tile of 128 fragments:
+        // the physical rows of fragments 128 and 129 count the earlier ones' edges from the
+        // bitmap, not from the tile in shared memory.
+        "fragments_across_tiles".to_string(),
+        layout_from_documents(
+            &std::iter::repeat_n(vec![(0, 3)], 126)
+                .chain([vec![(0, 40), (150, 200), (300, 420), (600, 700)]])
+                .chain(std::iter::repeat_n(vec![(0, 200)], 10))
+                .collect::<Vec<_>>(),
+            false,
+        ),
+    ));
     out
 }
 

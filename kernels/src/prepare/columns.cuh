@@ -1,6 +1,6 @@
 // Prepare: the bitmap's column prefixes and the rows of each level (the level-major row map of
 // msa_plan::layout) with their edge counts, one CTA per level; then every offset of the tables
-// (k2q row_ptr, phys_row_ptr, the work-item offsets) and the error word, one CTA.
+// (k2q row_ptr, phys_row_ptr, the work-item offsets) and the error word, a CTA per (scan, head).
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -27,27 +27,36 @@ struct RowTables {
     int target;
 };
 
-using LevelScan = cub::BlockScan<int, kThreads>;
-using LevelReduce = cub::BlockReduce<int, kThreads>;
+using LevelScan = cub::BlockScan<int, kLevelThreads>;
+using LevelReduce = cub::BlockReduce<int, kLevelThreads>;
 
-// Exclusive prefix of the set bits of one column, by one warp: lane l takes `per` consecutive
-// words, a warp scan of the lanes' sums, then each lane writes its words' prefixes.
+// Exclusive prefix of the set bits of one column, by one warp, 32 consecutive words per step
+// (lane l: word 32 c + l) so every load and store is one coalesced 128-byte line. The words of
+// kPrefixBatch steps are loaded before any store: the compiler cannot move a load of words
+// above a store to prefix (they may alias), so one round trip per batch, not per step.
+constexpr int kPrefixBatch = 8;
+
 __device__ __forceinline__ void column_prefix(const Bitmap& bm, size_t col, int lane) {
-    const int per = (bm.stride + 31) / 32;
-    const int begin = min(lane * per, bm.stride);
-    const int end = min(begin + per, bm.stride);
-    int sum = 0;
-    for (int w = begin; w < end; ++w) sum += __popc(bm.words[col + w]);
-    int before = sum;
+    int carry = 0;
+    for (int w0 = 0; w0 < bm.stride; w0 += 32 * kPrefixBatch) {
+        int bits[kPrefixBatch];
 #pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-        const int other = __shfl_up_sync(kFullMask, before, d);
-        if (lane >= d) before += other;
-    }
-    before -= sum;
-    for (int w = begin; w < end; ++w) {
-        bm.prefix[col + w] = before;
-        before += __popc(bm.words[col + w]);
+        for (int j = 0; j < kPrefixBatch; ++j) {
+            const int w = w0 + 32 * j + lane;
+            bits[j] = w < bm.stride ? __popc(bm.words[col + w]) : 0;
+        }
+#pragma unroll
+        for (int j = 0; j < kPrefixBatch; ++j) {
+            int inclusive = bits[j];
+#pragma unroll
+            for (int d = 1; d < 32; d *= 2) {
+                const int other = __shfl_up_sync(kFullMask, inclusive, d);
+                if (lane >= d) inclusive += other;
+            }
+            const int w = w0 + 32 * j + lane;
+            if (w < bm.stride) bm.prefix[col + w] = carry + inclusive - bits[j];
+            carry += __shfl_sync(kFullMask, inclusive, 31);
+        }
     }
 }
 
@@ -55,23 +64,23 @@ __device__ __forceinline__ void column_prefix(const Bitmap& bm, size_t col, int 
 // nb_b > L: row = sum_b' min(nb_b', L) + #{b' < b : nb_b' > L} (msa_plan::layout), and per head
 // the row's edges = the column's bits in the fragment's query range. A physical block's earlier
 // edges come from the document's earlier fragments (fragments of a document share its blocks;
-// packed order = ascending queries): from shared memory within the tile of 256 fragments,
+// packed order = ascending queries): from shared memory within the tile of 128 fragments,
 // from the bitmap for fragments of earlier tiles.
-__global__ void __launch_bounds__(kThreads) level_kernel(MsaVarlen v, Bitmap bm, RowTables o) {
+__global__ void __launch_bounds__(kLevelThreads, kLevelCtasPerSm) level_kernel(MsaVarlen v, Bitmap bm, RowTables o) {
     __shared__ union {
         typename LevelReduce::TempStorage reduce;
         typename LevelScan::TempStorage scan[2];
     } smem;
     __shared__ int rows_before;
-    __shared__ int tile_first[kThreads];
-    __shared__ int tile_count[kIndexHeads][kThreads];
+    __shared__ int tile_first[kLevelThreads];
+    __shared__ int tile_count[kIndexHeads][kLevelThreads];
     const int level = blockIdx.x;
     const int warp = int(threadIdx.x / 32u);
     const int lane = int(threadIdx.x % 32u);
     if (warp < kIndexHeads) column_prefix(bm, bm.column(warp, level), lane);
 
     int below = 0;
-    for (int b = threadIdx.x; b < v.batch; b += kThreads) below += min(fragment(v, b).num_blocks, level);
+    for (int b = threadIdx.x; b < v.batch; b += kLevelThreads) below += min(fragment(v, b).num_blocks, level);
     const int total_below = LevelReduce(smem.reduce).Sum(below);
     if (threadIdx.x == 0) rows_before = total_below;
     __syncthreads();  // also publishes the column prefixes
@@ -79,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) level_kernel(MsaVarlen v, Bitmap bm,
     const int R = v.total_rows;
     int active_carry = 0;
     int offset_carry = 0;
-    for (int tile = 0; tile < v.batch; tile += kThreads) {
+    for (int tile = 0; tile < v.batch; tile += kLevelThreads) {
         const int b = tile + int(threadIdx.x);
         Frag f{};
         if (b < v.batch) f = fragment(v, b);
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) level_kernel(MsaVarlen v, Bitmap bm,
 #pragma unroll
                 for (int h = 0; h < kIndexHeads; ++h) earlier[h] += tile_count[h][e - tile];
             }
-            for (int e = f.first; e < tile; ++e) {  // a document spanning tiles (B > 256)
+            for (int e = f.first; e < tile; ++e) {  // a document spanning tiles (B > 128)
                 if (v.fragment_first[e] != f.first) continue;
                 const int qs = v.cu_seqlens_q[e], qe = v.cu_seqlens_q[e + 1];
 #pragma unroll
@@ -159,68 +168,92 @@ struct OffsetArgs {
 };
 
 using OffsetScan = cub::BlockScan<int, kOffsetThreads>;
+using OffsetReduce = cub::BlockReduce<int, kOffsetThreads>;
+constexpr int kOffsetTile = kOffsetThreads * kOffsetItems;  // items per pass
 
-// One CTA's exclusive scan of the 4 head segments of in[4 * len]: per_head[h * (len + 1) + r] =
-// the sum of in[h * len .. h * len + r) (r = len: the head's total). When flat_in is given, the
-// same pass scans flat_in[4 * len] without head breaks into flat_out[0, 4 len] and returns its
-// total. kOffsetItems consecutive items per thread per pass.
-__device__ int scan_by_head(const int* in, int len, int* per_head, const int* flat_in, int* flat_out,
-                            typename OffsetScan::TempStorage (&storage)[2], int* head_base) {
-    const int n = kIndexHeads * len;
-    int carry = 0, flat_carry = 0;
-    for (int tile = 0; tile < n; tile += kOffsetThreads * kOffsetItems) {
-        const int first = tile + int(threadIdx.x) * kOffsetItems;
-        int items[kOffsetItems], flat[kOffsetItems];
+// Shared index of item x of a pass, padded by one word per 32: the blocked reads (thread t,
+// items 8t .. 8t + 7) then hit 32 distinct banks per warp.
+__device__ __forceinline__ int padded(int x) { return x + (x >> 5); }
+
+struct OffsetSmem {
+    union {
+        typename OffsetScan::TempStorage scan;
+        typename OffsetReduce::TempStorage reduce;
+    } cub;
+    int buf[kOffsetTile + kOffsetTile / 32];
+};
+
+// out[r] = base + in[0] + ... + in[r - 1] for r < len, and out[len] = the same at r = len when
+// write_total; returns that total. Global loads and stores are striped (consecutive threads,
+// consecutive words) through shared memory, the scan is blocked (kOffsetItems per thread): one
+// SM issuing the blocked pattern straight to global memory made every store instruction touch
+// 32 sectors, which serialized the single-CTA version (81 us on 151:7).
+__device__ int scan_segment(const int* __restrict__ in, int len, int* __restrict__ out, int base,
+                            bool write_total, OffsetSmem& sm) {
+    const int t = int(threadIdx.x);
+    int carry = base;
+    for (int tile = 0; tile < len; tile += kOffsetTile) {
 #pragma unroll
         for (int j = 0; j < kOffsetItems; ++j) {
-            const bool in_range = first + j < n;
-            items[j] = in_range ? in[first + j] : 0;
-            flat[j] = in_range && flat_in != nullptr ? flat_in[first + j] : 0;
+            const int x = j * kOffsetThreads + t;
+            sm.buf[padded(x)] = tile + x < len ? in[tile + x] : 0;
         }
-        int total, flat_total;
-        OffsetScan(storage[0]).ExclusiveSum(items, items, total);
-        OffsetScan(storage[1]).ExclusiveSum(flat, flat, flat_total);
+        __syncthreads();
+        int items[kOffsetItems];
+#pragma unroll
+        for (int j = 0; j < kOffsetItems; ++j) items[j] = sm.buf[padded(t * kOffsetItems + j)];
+        int total;
+        OffsetScan(sm.cub.scan).ExclusiveSum(items, items, total);
+#pragma unroll
+        for (int j = 0; j < kOffsetItems; ++j) sm.buf[padded(t * kOffsetItems + j)] = items[j];
+        __syncthreads();
 #pragma unroll
         for (int j = 0; j < kOffsetItems; ++j) {
-            const int i = first + j;
-            if (i < n && i % len == 0) head_base[i / len] = carry + items[j];
-        }
-        __syncthreads();  // the head bases of this pass are visible
-#pragma unroll
-        for (int j = 0; j < kOffsetItems; ++j) {
-            const int i = first + j;
-            if (i < n) {
-                const int h = i / len;
-                const int r = i - h * len;
-                const int x = carry + items[j];
-                per_head[h * (len + 1) + r] = x - head_base[h];
-                if (r == 0 && h > 0) per_head[(h - 1) * (len + 1) + len] = x - head_base[h - 1];
-                if (flat_out != nullptr) flat_out[i] = flat_carry + flat[j];
-            }
+            const int x = j * kOffsetThreads + t;
+            if (tile + x < len) out[tile + x] = carry + sm.buf[padded(x)];
         }
         carry += total;
-        flat_carry += flat_total;
-        __syncthreads();  // the next pass reuses the scan storage
+        __syncthreads();  // the next pass overwrites buf and the scan storage
     }
-    if (threadIdx.x == 0) {
-        if (len == 0) {
-            for (int h = 0; h < kIndexHeads; ++h) per_head[h] = 0;
-        } else {
-            per_head[(kIndexHeads - 1) * (len + 1) + len] = carry - head_base[kIndexHeads - 1];
-        }
-        if (flat_out != nullptr) flat_out[n] = flat_carry;
-    }
-    __syncthreads();  // thread 0 has read head_base: the next scan may overwrite it
-    return flat_carry;
+    if (write_total && t == 0) out[len] = carry;
+    return carry;
 }
 
+// 12 CTAs, each one head segment of one scan, so the three scans and four heads run side by
+// side: CTA 4 j + h scans job j of head h. Job 0: counts -> row_ptr[h]; job 1: chunks -> the
+// work offsets (one flat scan over 4R in head-major order: head h starts after the chunks of
+// heads < h, a block reduction); job 2: physical counts -> phys_row_ptr[h]. CTA 0 also writes
+// the error word, the last chunk CTA work_count and the work offsets' final entry.
 __global__ void __launch_bounds__(kOffsetThreads) offsets_kernel(MsaVarlen v, OffsetArgs a) {
-    __shared__ typename OffsetScan::TempStorage storage[2];
-    __shared__ int head_base[kIndexHeads];
-    const int items = scan_by_head(a.counts, v.total_rows, a.row_ptr, a.chunks, a.work_offsets, storage, head_base);
-    scan_by_head(a.phys_counts, v.padded_kv_blocks, a.phys_row_ptr, nullptr, nullptr, storage, head_base);
-    if (threadIdx.x != 0) return;
-    *a.work_count = items;
+    __shared__ OffsetSmem sm;
+    const int job = int(blockIdx.x) / kIndexHeads;
+    const int h = int(blockIdx.x) % kIndexHeads;
+    const int R = v.total_rows;
+    const int P = v.padded_kv_blocks;
+    const size_t hR = static_cast<size_t>(h) * R;
+    if (job == 0) {
+        scan_segment(a.counts + hR, R, a.row_ptr + static_cast<size_t>(h) * (R + 1), 0, true, sm);
+    } else if (job == 1) {
+        int before = 0;
+        for (size_t tile = 0; tile < hR; tile += kOffsetTile) {
+#pragma unroll
+            for (int j = 0; j < kOffsetItems; ++j) {  // independent loads, one latency per pass
+                const size_t i = tile + static_cast<size_t>(j) * kOffsetThreads + threadIdx.x;
+                if (i < hR) before += a.chunks[i];
+            }
+        }
+        const int base = OffsetReduce(sm.cub.reduce).Sum(before);
+        __shared__ int base_shared;
+        if (threadIdx.x == 0) base_shared = base;
+        __syncthreads();  // the base is visible; the scan may reuse the reduction storage
+        const bool last = h == kIndexHeads - 1;
+        const int items = scan_segment(a.chunks + hR, R, a.work_offsets + hR, base_shared, last, sm);
+        if (last && threadIdx.x == 0) *a.work_count = items;
+    } else {
+        scan_segment(a.phys_counts + static_cast<size_t>(h) * P, P, a.phys_row_ptr + static_cast<size_t>(h) * (P + 1),
+                     0, true, sm);
+    }
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
     // The first fault is the complement of the largest word (0: none).
     const unsigned long long f = ~*a.fault;
     int* word = a.error_word;
@@ -229,10 +262,10 @@ __global__ void __launch_bounds__(kOffsetThreads) offsets_kernel(MsaVarlen v, Of
     } else {
         const unsigned long long lin = f >> 8;
         const long long hq = static_cast<long long>(lin >> 4);
-        const int h = int(hq / v.total_q);
+        const int hh = int(hq / v.total_q);
         word[0] = int(f & 0xffu);
-        word[1] = h;
-        word[2] = int(hq - static_cast<long long>(h) * v.total_q);
+        word[1] = hh;
+        word[2] = int(hq - static_cast<long long>(hh) * v.total_q);
         word[3] = int(lin & 15u);
     }
 }

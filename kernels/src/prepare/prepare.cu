@@ -10,8 +10,8 @@
 //                   edge in column (head, block) of the bitmap
 //   level_kernel    CTA per level: prefixes of its 4 columns (a warp each); the rows of the
 //                   level (row map) and their edge counts per head
-//   offsets_kernel  one CTA: row_ptr, phys_row_ptr, the work-item offsets, work_count, the
-//                   error word
+//   offsets_kernel  CTA per (scan, head), 12: row_ptr, phys_row_ptr, the work-item offsets,
+//                   work_count, the error word
 //   scatter_kernel  thread per (head, query): every edge at its final slot of both CSRs, -1
 //                   tails; scheduler_metadata rows
 //
@@ -82,7 +82,7 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     rt.doc_ws = out.document_workspace_starts;
     rt.doc_qoff = out.query_offsets;
     rt.target = target_q_per_cta;
-    MSA_TRY(launch(level_kernel, unsigned(plan.levels), kThreads, s, varlen, bm, rt));
+    MSA_TRY(launch(level_kernel, unsigned(plan.levels), kLevelThreads, s, varlen, bm, rt));
 
     OffsetArgs oa;
     oa.fault = fault;
@@ -94,7 +94,7 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     oa.phys_row_ptr = out.phys_row_ptr;
     oa.work_count = out.work_count;
     oa.error_word = out.error_word;
-    MSA_TRY(launch(offsets_kernel, 1, kOffsetThreads, s, varlen, oa));
+    MSA_TRY(launch(offsets_kernel, 3 * kIndexHeads, kOffsetThreads, s, varlen, oa));
 
     ScatterArgs sa;
     sa.topk = topk;

@@ -14,8 +14,11 @@ static_assert(kTopK == 16, "a query's 16 slots are one thread's registers");
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kTileQueries = 32;  // queries per bitmap word: one warp, lane = q % 32
 
-constexpr int kThreads = 256;          // select, level and scatter kernels
-constexpr int kOffsetThreads = 1024;   // offsets_kernel: one CTA scans every count
+constexpr int kThreads = 256;          // select and scatter kernels
+constexpr int kScatterCtasPerSm = 3;  // <= 80 registers: the 16 slots' loads in flight at once
+constexpr int kLevelThreads = 128;     // level_kernel: a warp per head's column
+constexpr int kLevelCtasPerSm = 12;    // <= 40 registers: 132 x 12 CTAs hold L_max ~ 1,500 in one wave
+constexpr int kOffsetThreads = 1024;   // offsets_kernel: a CTA scans one head's counts
 constexpr int kOffsetItems = 8;        // items per thread per pass of those scans
 
 // The fragment facts the kernels below use, evaluated once (common/varlen.cuh's helper).
@@ -64,8 +67,21 @@ struct TopkRow {
     unsigned dup;    // bit s: an earlier slot holds value[s]
 
     __device__ __forceinline__ void load(const int* __restrict__ row, int num_blocks) {
+        // A row is 64 bytes at a multiple of 64 from the selection's start: 4 vector loads when
+        // the selection is 16-byte aligned (warp-uniform: every row has its base's alignment).
+        if ((reinterpret_cast<uintptr_t>(row) & 15u) == 0u) {
 #pragma unroll
-        for (int s = 0; s < kTopK; ++s) value[s] = row[s];
+            for (int i = 0; i < kTopK / 4; ++i) {
+                const int4 x = __ldg(reinterpret_cast<const int4*>(row) + i);
+                value[4 * i] = x.x;
+                value[4 * i + 1] = x.y;
+                value[4 * i + 2] = x.z;
+                value[4 * i + 3] = x.w;
+            }
+        } else {
+#pragma unroll
+            for (int s = 0; s < kTopK; ++s) value[s] = row[s];
+        }
         valid = 0u;
         dup = 0u;
 #pragma unroll

@@ -35,10 +35,9 @@ struct ScatterArgs {
 // phys_row_ptr[h, pb] + #{edges of the block from the document's earlier fragments} + the same
 // count: both rows list queries in ascending packed order, and the count is the column's bits
 // between the fragment's first query and q. The bitmap holds each (query, block) once, so a
-// duplicate entry is one edge (msa_plan::csr), written by its first slot. Slots
-// [16 q, 16 q + 16) of the head that lie past its edge count get -1.
-__device__ __forceinline__ void scatter_query(const MsaVarlen& v, const Bitmap& bm, const ScatterArgs& a) {
-    const QueryThread t = query_thread(v.total_q, a.tiles);
+// duplicate entry is one edge (msa_plan::csr), written by its first slot.
+__device__ __forceinline__ void scatter_query(const MsaVarlen& v, const Bitmap& bm, const ScatterArgs& a,
+                                              const QueryThread& t) {
     if (!t.live) return;
     const int R = v.total_rows;
     const int P = v.padded_kv_blocks;
@@ -51,31 +50,63 @@ __device__ __forceinline__ void scatter_query(const MsaVarlen& v, const Bitmap& 
     const int pos = f.k_len - f.q_len + q_local;
     const int* rows = a.row_map + a.row_offsets[b];
     const unsigned edges = row.edges();
+    // Loads in two independent rounds (each slot's row and bitmap prefix, then the row's
+    // offsets), then all stores: the outputs may alias the tables as far as the compiler knows,
+    // so a store between them kept each slot's dependent loads behind the previous slot's
+    // stores, 16 round trips in a row. level < bm.levels fails only with an inconsistent
+    // max_blocks.
+    unsigned live = 0u;
+    int r[kTopK] = {}, before[kTopK] = {};
 #pragma unroll
     for (int s = 0; s < kTopK; ++s) {
-        if (!((edges >> s) & 1u)) continue;
         const int level = row.value[s];
-        if (level >= bm.levels) continue;  // only with an inconsistent max_blocks
-        const int r = rows[level];
-        const size_t hr = static_cast<size_t>(t.head) * R + r;
-        const int before = bm.before(bm.column(t.head, level), t.q);
+        if (!((edges >> s) & 1u) || level >= bm.levels) continue;
+        live |= 1u << s;
+        r[s] = rows[level];
+        before[s] = bm.before(bm.column(t.head, level), t.q);
+    }
+    int k2q_off[kTopK] = {}, phys_off[kTopK] = {};
+#pragma unroll
+    for (int s = 0; s < kTopK; ++s) {
+        if (!((live >> s) & 1u)) continue;
+        const size_t hr = static_cast<size_t>(t.head) * R + r[s];
+        k2q_off[s] = a.row_ptr[static_cast<size_t>(t.head) * (R + 1) + r[s]] + before[s] - a.row_first[hr];
+        phys_off[s] = a.phys_row_ptr[static_cast<size_t>(t.head) * (P + 1) + f.phys_base + row.value[s]] +
+                      before[s] + a.phys_shift[hr];
+    }
+#pragma unroll
+    for (int s = 0; s < kTopK; ++s) {
+        if (!((live >> s) & 1u)) continue;
+        const int level = row.value[s];
         const int rank = row.rank(s);
-        const size_t k2q_at = head_edges + a.row_ptr[static_cast<size_t>(t.head) * (R + 1) + r] + before - a.row_first[hr];
+        const size_t k2q_at = head_edges + k2q_off[s];
         a.q_indices[k2q_at] = q_local;
         a.qsplit[k2q_at] = q_local | (rank << kQsplitRankShift);
         const int block_keys = min(f.k_len - level * kBlock, kBlock);
         const int visible = min(block_keys, max(0, pos + 1 - level * kBlock));
-        const size_t phys_at = head_edges +
-                               a.phys_row_ptr[static_cast<size_t>(t.head) * (P + 1) + f.phys_base + level] +
-                               before + a.phys_shift[hr];
+        const size_t phys_at = head_edges + phys_off[s];
         a.phys_q_indices[phys_at] = t.q;
         a.phys_valid[phys_at] = visible | (rank << kPhysRankShift);
     }
-    const int total = a.row_ptr[static_cast<size_t>(t.head) * (R + 1) + R];
+}
+
+// The -1 tails: slots of the head at or past its edge count, by the warp whose 32 queries own
+// slots [16 q0, 16 q0 + 512): lane l writes slot 16 q0 + 32 k + l, so each store is one
+// coalesced line (a thread writing its own query's 16 slots touched 16 lines per store; on
+// short documents, where most slots are tails, that was most of the kernel). A warp's lanes
+// share the head (a head spans whole warps).
+__device__ __forceinline__ void scatter_tails(const MsaVarlen& v, const ScatterArgs& a, const QueryThread& t,
+                                              int lane) {
+    if (t.head >= kIndexHeads) return;
+    const int total = a.row_ptr[static_cast<size_t>(t.head) * (v.total_rows + 1) + v.total_rows];
+    const int first = (t.q - lane) * kTopK;
+    const int end = min(first + kTileQueries * kTopK, v.total_q * kTopK);
+    if (end <= total) return;
+    const size_t head_edges = static_cast<size_t>(t.head) * v.total_q * kTopK;
 #pragma unroll
-    for (int s = 0; s < kTopK; ++s) {
-        const int slot = t.q * kTopK + s;
-        if (slot < total) continue;
+    for (int k = 0; k < kTopK; ++k) {
+        const int slot = first + k * kTileQueries + lane;
+        if (slot < total || slot >= end) continue;
         const size_t at = head_edges + slot;
         a.q_indices[at] = -1;
         a.qsplit[at] = -1;
@@ -120,9 +151,11 @@ __device__ __forceinline__ void work_item(const MsaVarlen& v, const ScatterArgs&
     for (int w = 0; w < kWorkWords; ++w) out[w] = words[w];
 }
 
-__global__ void __launch_bounds__(kThreads) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
+__global__ void __launch_bounds__(kThreads, kScatterCtasPerSm) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
     if (blockIdx.x < a.query_ctas) {
-        scatter_query(v, bm, a);
+        const QueryThread t = query_thread(v.total_q, a.tiles);
+        scatter_query(v, bm, a, t);  // first: its loads would wait behind the tails' stores
+        scatter_tails(v, a, t, int(threadIdx.x % 32u));
     } else {
         work_item(v, a, int((blockIdx.x - a.query_ctas) * kThreads + threadIdx.x));
     }
