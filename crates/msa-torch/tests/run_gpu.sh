@@ -8,7 +8,9 @@
 #   bash crates/msa-torch/tests/run_gpu.sh [WHEEL] [PYTEST ARGS...]
 #
 # WHEEL defaults to the newest target/wheels/msa_torch-*.whl; MSA_TORCH_SITE (default /tmp/site)
-# is where it is installed. Success ends with pytest's "N passed" line and "run_gpu.sh: PASS".
+# is where it is installed. After the tests, host_overhead.py prints where the host time of a
+# forward and a backward goes (MSA_TORCH_PROFILE=0 skips it). Success ends with pytest's
+# "N passed" line, the breakdown and "run_gpu.sh: PASS".
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 crate="$(cd "$here/.." && pwd)"
@@ -46,4 +48,8 @@ cd "$crate"
 start=$SECONDS
 MSA_TORCH_REQUIRE_GPU=1 PYTHONPATH="$site" python3 -m pytest -q -rfEsxP -p no:cacheprovider \
     --durations=8 tests "$@"
+if [ "${MSA_TORCH_PROFILE:-1}" != 0 ]; then
+    echo "== host overhead breakdown (tests/host_overhead.py)"
+    PYTHONPATH="$site" python3 tests/host_overhead.py
+fi
 echo "run_gpu.sh: PASS ($((SECONDS - start)) s)"

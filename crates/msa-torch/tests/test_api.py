@@ -554,3 +554,33 @@ def test_strict_export_traces_prepare_forward_indexer_kl_in_one_graph():
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     for op in ("prepare", "attention_fwd", "indexer_fwd", "kl_bwd"):
         assert f"msa_torch.{op}.default" in targets, targets
+
+
+# ---------------------------------------------------------------------------------------------
+# the eager fast path (msa_torch._eager)
+
+
+def test_fast_path_only_for_plain_eager_calls(monkeypatch):
+    """The custom ops are bypassed only where nothing can observe it: plain tensors, no mode,
+    no transform, not compiling; everything else (and ``enabled = False``) takes the ops."""
+    from msa_torch import _eager
+
+    x = torch.zeros(2, 3)
+    assert _eager.plain(x, x)
+    assert not _eager.plain(x, torch.nn.Parameter(x))
+    with FakeTensorMode() as mode:
+        assert not _eager.plain(mode.from_tensor(x))
+        assert not _eager.plain(x)
+    with torch.device("cpu"):
+        assert not _eager.plain(x)
+    seen = []
+    torch.vmap(lambda t: seen.append(_eager.plain(t)) or t)(x)
+    assert seen == [False]
+
+    def traced(t):
+        return t + 1 if _eager.plain(t) else t - 1
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(traced, backend="eager", fullgraph=True)(x), x - 1)
+    monkeypatch.setattr(_eager, "enabled", False)
+    assert not _eager.plain(x)

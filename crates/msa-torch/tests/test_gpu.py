@@ -1,11 +1,12 @@
 """GPU tests of msa_torch (marker ``gpu``; skipped without a served GPU unless
 ``MSA_TORCH_REQUIRE_GPU=1``): numerics against the fp32 reference of msa_reference.py with MSA's
-tolerances (out atol = rtol = 3e-2, LSE 1e-3, gradients cosine >= 0.99 and relative L2 <= 1e-2),
-torch.library.opcheck on every op, autograd, determinism, torch.compile(fullgraph=True), CUDA
+tolerances and the strict set (:data:`TOLERANCES`), torch.library.opcheck on every op, autograd,
+determinism, the eager fast path against the custom ops, torch.compile(fullgraph=True), CUDA
 graph capture and replay with a new top-k, the top-k validation error and the device gate."""
 
 import math
 import shutil
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,10 +18,29 @@ import msa_reference as ref
 
 pytestmark = pytest.mark.gpu
 
-OUT_TOL = 3e-2
-LSE_TOL = 1e-3
-COSINE = 0.99
-REL_L2 = 1e-2
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Limits of one comparison with the fp32 reference (crates/msa-harness/src/check/
+    tolerances.rs): O by atol = rtol, LSE by atol = rtol where finite, gradients by cosine and
+    relative L2, the indexer's LSE by atol and its block ranking by slack."""
+
+    name: str
+    out: float
+    lse: float
+    cosine: float
+    rel_l2: float
+    index_lse: float
+    rank_slack: float
+
+
+#: MSA's own limits, then the strict set (``Tolerances::strict()``): O and LSE tenfold tighter,
+#: 1 - cosine a hundredfold, relative L2 halved (a bf16 output carries its rounding, 2^-9
+#: relative, against the f32 reference). Every comparison checks both.
+MSA = Tolerances("MSA", 3e-2, 1e-3, 0.99, 1e-2, 2e-3, 5e-3)
+STRICT = Tolerances("strict", 3e-3, 1e-4, 0.9999, 5e-3, 2e-4, 5e-4)
+TOLERANCES = (MSA, STRICT)
 
 LAYOUTS = {"varlen": ref.VARLEN, "fragments": ref.FRAGMENTS}
 
@@ -74,17 +94,28 @@ class Case:
 
 
 def _check_forward(out, lse, ref_out, ref_lse):
-    torch.testing.assert_close(out.float(), ref_out, atol=OUT_TOL, rtol=OUT_TOL)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(lse)), "LSE infinities differ"
     assert (lse[~finite] == -math.inf).all()
-    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=LSE_TOL, rtol=LSE_TOL)
+    for tol in TOLERANCES:
+        torch.testing.assert_close(
+            out.float(), ref_out, atol=tol.out, rtol=tol.out,
+            msg=lambda m, tol=tol: f"out at {tol.name} tolerances: {m}",
+        )
+        torch.testing.assert_close(
+            lse[finite], ref_lse[finite], atol=tol.lse, rtol=tol.lse,
+            msg=lambda m, tol=tol: f"lse at {tol.name} tolerances: {m}",
+        )
 
 
 def _check_grads(got, want, names=("dq", "dk", "dv")):
     for name, g, w in zip(names, got, want):
         c, r = ref.cosine(g, w), ref.rel_l2(g, w)
-        assert c >= COSINE and r <= REL_L2, f"{name}: cosine {c:.6f}, relative L2 {r:.2e}"
+        for tol in TOLERANCES:
+            assert c >= tol.cosine and r <= tol.rel_l2, (
+                f"{name} at {tol.name} tolerances: cosine {c:.7f} (>= {tol.cosine}), "
+                f"relative L2 {r:.2e} (<= {tol.rel_l2})"
+            )
 
 
 def _unselected_keys(lay, topk):
@@ -167,8 +198,11 @@ def test_indexer_matches_the_reference(name):
     )
     assert topk.dtype == torch.int32 and topk.shape == (4, lay["total_q"], 16)
     assert lse.dtype == torch.float32 and lse.shape == (4, lay["total_q"])
-    failures = ref.check_indexer(lay, case.qi, case.ki, topk, lse)
-    assert not failures, "\n".join(failures[:20])
+    for tol in TOLERANCES:
+        failures = ref.check_indexer(
+            lay, case.qi, case.ki, topk, lse, slack=tol.rank_slack, lse_atol=tol.index_lse
+        )
+        assert not failures, f"{tol.name} tolerances:\n" + "\n".join(failures[:20])
     # Its selection is valid: prepare accepts it.
     case.prepare(topk)
     again, lse2 = indexer.forward(
@@ -194,7 +228,8 @@ def test_kl_backward_matches_the_reference(name):
     ref_ilse = ref.selection_lse(lay, case.topk, case.qi, case.ki)
     finite = torch.isfinite(ref_ilse)
     assert torch.equal(finite, torch.isfinite(ilse))
-    torch.testing.assert_close(ilse[finite], ref_ilse[finite], atol=2e-3, rtol=0)
+    for tol in TOLERANCES:
+        torch.testing.assert_close(ilse[finite], ref_ilse[finite], atol=tol.index_lse, rtol=0)
     dqi, dki = kl.backward(case.q, case.k, lse, case.qi, case.ki, ilse, meta, loss_coeff=0.7)
     assert dqi.dtype == torch.bfloat16 and dqi.shape == case.qi.shape
     assert dki.dtype == torch.bfloat16 and dki.shape == case.ki.shape
@@ -482,49 +517,63 @@ def test_cpu_tensors_are_rejected():
 # ---------------------------------------------------------------------------------------------
 # host overhead of the Python path
 
+#: The issue's limit: host time per call at most 5% of the kernel time on a 12K-query rank.
+HOST_RATIO = 0.05
+
 
 def test_host_overhead_on_a_12k_query_rank():
-    """Per-call host time of the Python path (wrapper + custom-op dispatch + extension) next to
-    the kernel time, on one 12,288-query document with MSA's recent-16 selection. Printed (see
-    the run's summary); the assertion is loose (the issue's target is 5% on a real CP16 rank)."""
-    import time
+    """Host time per call of the Python path (host_overhead.py says exactly what is measured)
+    against the device time, on one 12,288-query document with MSA's recent-16 selection: the
+    forward (plain and with autograd), the explicit backward and the autograd backward, each at
+    most 5% of its kernel time."""
+    import host_overhead
 
-    t = 12288
-    dev = "cuda"
-    cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
-    local = torch.arange(t, device=dev) // 128
-    ids = torch.arange(16, device=dev)[None, :] + (local - 15).clamp(min=0)[:, None]
-    topk = torch.where(ids <= local[:, None], ids, -1).to(torch.int32)
-    topk = topk[None].expand(4, t, 16).contiguous()
-    meta = attention.prepare(topk, cu, cu, total_k=t, total_rows=t // 128, max_seqlen_q=t,
-                             max_seqlen_k=t)
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(t, 64, 128, device=dev, generator=g).to(torch.bfloat16)
-    k = torch.randn(t, 4, 128, device=dev, generator=g).to(torch.bfloat16)
-    v = torch.randn(t, 4, 128, device=dev, generator=g).to(torch.bfloat16)
-    dout = torch.randn(t, 64, 128, device=dev, generator=g).to(torch.bfloat16)
-    out, lse = attention.forward(q, k, v, meta, return_softmax_lse=True)
-    attention.backward(q, k, v, dout, out, lse, meta)
-    torch.cuda.synchronize()
+    meta, q, k, v, dout = host_overhead.twelve_k_case()
+    results = {
+        name: host_overhead.measure(fn)
+        for name, fn in host_overhead.paths(meta, q, k, v, dout).items()
+    }
+    print("\n12K-query rank, recent16 (host = wall time of enqueueing, GPU kept busy):")
+    print(host_overhead.report(results))
+    over = [n for n, (host, dev) in results.items() if host > HOST_RATIO * dev]
+    assert not over, f"host time over {100 * HOST_RATIO:.0f}% of the device time: {over}"
 
-    def measure(fn, n=20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        host = 0.0
-        torch.cuda._sleep(50_000_000)  # keep the GPU busy so enqueue time is host time alone
-        start.record()
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            host += time.perf_counter() - t0
-        end.record()
-        torch.cuda.synchronize()
-        return host / n * 1e3, start.elapsed_time(end) / n
 
-    fwd_host, fwd_dev = measure(lambda: attention.forward(q, k, v, meta, return_softmax_lse=True))
-    bwd_host, bwd_dev = measure(lambda: attention.backward(q, k, v, dout, out, lse, meta))
-    print(
-        f"\n12K-query rank, recent16: forward host {fwd_host:.3f} ms / device {fwd_dev:.3f} ms "
-        f"({100 * fwd_host / fwd_dev:.1f}%), backward host {bwd_host:.3f} ms / device "
-        f"{bwd_dev:.3f} ms ({100 * bwd_host / bwd_dev:.1f}%)"
-    )
-    assert fwd_host < 0.5 * fwd_dev and bwd_host < 0.5 * bwd_dev
+def test_eager_fast_path_equals_the_custom_ops(monkeypatch):
+    """The fast path (msa_torch._eager) and the custom ops launch the same kernels on the same
+    buffers' contents: outputs, explicit and autograd gradients bitwise equal (deterministic
+    backward; the sm_90a one by the strict tolerances, its dQ is reduced in arrival order)."""
+    from msa_torch import _eager
+
+    lay = ref.FRAGMENTS
+    case = Case(lay, ref.random_topk(lay, seed=14, empty_fraction=0.02), seed=15)
+    meta = case.prepare()
+
+    def run():
+        out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
+        det = attention.backward(case.q, case.k, case.v, case.dout, out, lse, meta,
+                                 deterministic=True)
+        fast = attention.backward(case.q, case.k, case.v, case.dout, out, lse, meta)
+        q, k, v = (x.clone().requires_grad_() for x in (case.q, case.k, case.v))
+        o = attention.forward(q, k, v, meta, deterministic=True)
+        auto = torch.autograd.grad(o, (q, k, v), case.dout)
+        return out, lse, det, fast, o.detach(), auto
+
+    calls = []
+    real = _eager.launch_forward
+    monkeypatch.setattr(_eager, "launch_forward", lambda *a: calls.append(1) or real(*a))
+    on = run()
+    assert calls, "the eager calls took the fast path"
+    monkeypatch.setattr(_eager, "enabled", False)
+    calls.clear()
+    off = run()
+    assert not calls, "enabled = False routes every call through the custom ops"
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+    for a, b in zip(on[2], off[2]):
+        assert torch.equal(a, b)
+    _check_grads([a.float() for a in on[3]], [b.float() for b in off[3]])
+    assert torch.equal(on[4], off[4])
+    for a, b in zip(on[5], off[5]):
+        assert torch.equal(a, b)
+    for a, b in zip(on[5], on[2]):
+        assert torch.equal(a, b), "autograd runs the explicit deterministic backward"
