@@ -510,6 +510,58 @@ def test_reference_helpers_are_consistent():
         assert ref.recent_topk(lay).shape == (4, lay["total_q"], 16)
 
 
+@pytest.mark.parametrize("lay", [ref.VARLEN, ref.FRAGMENTS], ids=["varlen", "fragments"])
+def test_real_rank_selections_agree_with_the_small_ones(lay):
+    """The vectorized selections of the real-rank GPU tests: recent16 equals the per-query one,
+    random follows msa-workloads' rule (n - 1 distinct blocks below L, then L, then -1)."""
+    assert torch.equal(ref.recent16_topk(lay, "cpu"), ref.recent_topk(lay))
+    topk = ref.random16_topk(lay, seed=3, device="cpu")
+    for b in range(len(lay["qlens"])):
+        for i, p in enumerate(ref.positions(lay, b)):
+            local, n = p // 128, min(p // 128 + 1, 16)
+            for h in range(4):
+                row = topk[h, lay["cu_q"][b] + i].tolist()
+                assert row[n - 1] == local and row[n:] == [-1] * (16 - n), row
+                assert len(set(row[: n - 1])) == n - 1 and all(0 <= x < local for x in row[: n - 1])
+    assert not torch.equal(topk, ref.random16_topk(lay, seed=4, device="cpu"))
+
+
+def test_real_ranks_file_matches_the_python_layouts():
+    """tests/data/real_ranks.jsonl (msa-workloads' ranks, checked by tests/real_ranks.rs): the
+    Python layout arithmetic gives the Rust sizes, and the vectorized recent16 is msa-plan's
+    word for word (its checksum)."""
+    from pathlib import Path
+
+    ranks = ref.load_real_ranks(Path(__file__).parent / "data" / "real_ranks.jsonl")
+    assert len(ranks) >= 2
+    for name, (lay, d) in ranks.items():
+        for key in ("total_q", "total_k", "total_rows", "max_seqlen_q", "max_seqlen_k"):
+            assert lay[key] == d[key], (name, key)
+        assert ref.checksum(ref.recent16_topk(lay, "cpu")) == d["recent16_checksum"], name
+
+
+def test_gathering_reference_equals_the_dense_one():
+    """ref.sparse_attention (the real-rank reference, fp32) against the dense reference and its
+    autograd backward in fp64, on a small fragmented layout (CPU time: seconds)."""
+    # Document A (700 keys): fragments of 30 queries ending at 300 and 700; document B whole.
+    lay = ref.layout([0, 30, 60, 90], [0, 300, 700, 850], [0, 0, 2])
+    sel = ref.random_topk(lay, seed=5, empty_fraction=0.05)
+    g = torch.Generator().manual_seed(6)
+    q, dout = (torch.randn(lay["total_q"], 64, 128, generator=g) for _ in range(2))
+    k, v = (torch.randn(lay["total_k"], 4, 128, generator=g) for _ in range(2))
+    out, lse, dq, dk, dv, used = ref.sparse_attention(lay, sel, q, k, v, dout, chunk=64)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    want_out, want_lse = ref.attention(lay, sel, qd, kd, vd)
+    (want_out * dout.double()).sum().backward()
+    torch.testing.assert_close(out.double(), want_out.detach(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse[finite].double(), want_lse[finite].detach(), atol=1e-5, rtol=1e-5)
+    for got, want in ((dq, qd.grad), (dk, kd.grad), (dv, vd.grad)):
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    assert (dk[~used] == 0).all() and (kd.grad[~used] == 0).all() and used.any()
+
+
 # ---------------------------------------------------------------------------------------------
 # dynamo: the wrappers trace into the ops (no graph break) with fake CUDA tensors
 

@@ -5,8 +5,11 @@ determinism, the eager fast path against the custom ops, torch.compile(fullgraph
 graph capture and replay with a new top-k, the top-k validation error and the device gate."""
 
 import math
+import os
 import shutil
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +46,9 @@ STRICT = Tolerances("strict", 3e-3, 1e-4, 0.9999, 5e-3, 2e-4, 5e-4)
 TOLERANCES = (MSA, STRICT)
 
 LAYOUTS = {"varlen": ref.VARLEN, "fragments": ref.FRAGMENTS}
+#: Real CP16 ranks (tests/data/real_ranks.jsonl, from msa-workloads): c151r7 is one 189,440-key
+#: document in 12 fragments, c434r2 57 documents of at most 365 keys; 12,288 queries each.
+REAL_RANKS = ref.load_real_ranks(Path(__file__).parent / "data" / "real_ranks.jsonl")
 
 
 @pytest.fixture(autouse=True)
@@ -57,14 +63,15 @@ def _no_tf32():
 class Case:
     """One layout on the GPU: cu_seqlens, a selection, bf16 inputs."""
 
-    def __init__(self, lay, topk, seed=0, device="cuda"):
-        g = torch.Generator(device="cpu").manual_seed(seed)
+    def __init__(self, lay, topk, seed=0, device="cuda", draw_on="cpu"):
+        g = torch.Generator(device=draw_on).manual_seed(seed)
         self.lay = lay
         self.d = ref.device_layout(lay, device)
         t, tk = lay["total_q"], lay["total_k"]
 
         def bf16(*shape, scale=1.0):
-            return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+            x = torch.randn(*shape, generator=g, device=draw_on) * scale
+            return x.to(torch.bfloat16).to(device)
 
         self.q = bf16(t, 64, 128)
         self.k = bf16(tk, 4, 128)
@@ -183,6 +190,37 @@ def test_recent16_pattern_matches_the_reference():
     _check_grads([g.float() for g in grads], ref_grads)
 
 
+def _real_case(name, pattern, seed=21):
+    """A real rank with a recent16 or random selection and inputs drawn on the GPU."""
+    lay, _ = REAL_RANKS[name]
+    if pattern == "recent16":
+        topk = ref.recent16_topk(lay, "cuda")
+    else:
+        topk = ref.random16_topk(lay, seed, "cuda")
+    return Case(lay, topk, seed=seed, draw_on="cuda")
+
+
+@pytest.mark.parametrize("pattern", ["recent16", "random"])
+@pytest.mark.parametrize("name", sorted(REAL_RANKS))
+def test_real_rank_matches_the_reference(name, pattern):
+    """A whole real CP16 rank (12,288 queries): O, LSE and the gradients of both backward paths
+    against the gathering fp32 reference at MSA's and the strict tolerances, every element."""
+    case = _real_case(name, pattern)
+    meta = case.prepare()
+    out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
+    ref_out, ref_lse, *ref_grads, used = ref.sparse_attention(
+        case.lay, case.topk, case.q, case.k, case.v, case.dout
+    )
+    _check_forward(out, lse, ref_out, ref_lse)
+    del ref_out, ref_lse
+    for deterministic in (False, True):
+        grads = attention.backward(
+            case.q, case.k, case.v, case.dout, out, lse, meta, deterministic=deterministic
+        )
+        _check_grads([g.float() for g in grads], ref_grads)
+        assert (grads[1][~used] == 0).all() and (grads[2][~used] == 0).all(), "exact zeros"
+
+
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_indexer_matches_the_reference(name):
     lay = LAYOUTS[name]
@@ -292,6 +330,91 @@ def test_launches_follow_the_current_stream():
         got = attention.forward(case.q, case.k, case.v, meta2)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# bitwise against the msa CLI
+
+
+def _msa_bin():
+    """The bundle's ``msa`` binary (``MSA_BIN``, set by run_gpu.sh from ``.gpu-bundle/msa``):
+    required on the GPU run, a loud skip elsewhere."""
+    path = os.environ.get("MSA_BIN")
+    if path:
+        assert os.access(path, os.X_OK), f"MSA_BIN={path} is not an executable"
+        return path
+    reason = (
+        "MSA_BIN is unset: the bitwise comparison with `msa attention` needs the bundle's msa "
+        "binary (`cargo xtask gpu-bundle`, carried as .gpu-bundle/; run_gpu.sh sets MSA_BIN)"
+    )
+    if os.environ.get("MSA_TORCH_REQUIRE_GPU") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def _bits(t):
+    """The raw bits of ``t`` (so -0.0 != 0.0 and NaNs compare by payload)."""
+    t = t.contiguous().cpu()
+    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}[t.dtype])
+
+
+def _cli_case(name):
+    if name == "fragments":
+        lay = ref.FRAGMENTS
+        return Case(lay, ref.random_topk(lay, seed=16, empty_fraction=0.02), seed=17)
+    rank, pattern = name.split("-")
+    return _real_case(rank, pattern, seed=22)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "sm90"])
+@pytest.mark.parametrize("name", ["fragments", "c434r2-random", "c151r7-random"])
+def test_bitwise_equal_to_msa_attention(name, deterministic, tmp_path):
+    """The same safetensors inputs through ``msa attention --backend cuda`` (the Rust CLI of the
+    bundle) and through msa_torch: O and LSE bitwise equal (the same forward kernel, which is
+    deterministic), and dq, dk, dv bitwise equal on the deterministic backward. The default
+    backward on compute capability 9.0 is the sm_90a one, whose dQ is reduced in arrival order
+    (atomics): run to run it differs in the last bits, so there the gradients are compared at the
+    strict tolerances (and the bitwise agreement is printed)."""
+    from safetensors.torch import load_file, save_file
+
+    msa = _msa_bin()
+    case = _cli_case(name)
+    tensors = {
+        "q": case.q, "k": case.k, "v": case.v, "dout": case.dout,
+        "topk_indices": case.topk, "cu_seqlens_q": case.d["cu_seqlens_q"],
+        "cu_seqlens_k": case.d["cu_seqlens_k"],
+    }
+    if case.d["fragment_indices"] is not None:
+        tensors["fragment_indices"] = case.d["fragment_indices"]
+    inputs, outputs = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(inputs))
+    cmd = [msa, "attention", "--backend", "cuda", "--inputs", str(inputs), "--outputs",
+           str(outputs)] + (["--deterministic"] if deterministic else [])
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}"
+    cli = load_file(str(outputs))
+
+    meta = case.prepare()
+    out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
+    dq, dk, dv = attention.backward(
+        case.q, case.k, case.v, case.dout, out, lse, meta, deterministic=deterministic
+    )
+    mine = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    assert set(cli) == set(mine), f"the CLI wrote {sorted(cli)}"
+    for n, t in mine.items():
+        assert cli[n].dtype == t.dtype and cli[n].shape == t.shape, n
+    for n in ("out", "lse"):
+        diff = (_bits(cli[n]) != _bits(mine[n])).sum().item()
+        assert diff == 0, f"{n}: {diff} of {mine[n].numel()} elements differ from msa attention"
+    grads = ("dq", "dk", "dv")
+    if deterministic:
+        for n in grads:
+            diff = (_bits(cli[n]) != _bits(mine[n])).sum().item()
+            assert diff == 0, f"{n}: {diff} of {mine[n].numel()} elements differ (deterministic)"
+    else:
+        same = {n: bool(torch.equal(_bits(cli[n]), _bits(mine[n]))) for n in grads}
+        print(f"\n{name} sm90 backward, bitwise equal to the CLI's: {same}")
+        _check_grads([mine[n].float() for n in grads], [cli[n].float().cuda() for n in grads])
 
 
 # ---------------------------------------------------------------------------------------------
