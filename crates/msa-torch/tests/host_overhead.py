@@ -126,6 +126,7 @@ def breakdown():
     out2 = torch.empty_like(out)
     lse2 = torch.empty_like(lse)
     grads = [torch.empty_like(x) for x in (q, k, v)]
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
 
     def raw_forward():
         C.forward(
@@ -168,6 +169,10 @@ def breakdown():
         ),
         "custom op msa_torch::attention_fwd": lambda: _ops.attention_fwd(
             q, k, v, ts, *ints, False, False
+        ),
+        "attention.forward, q/k/v requiring grad": lambda: attention.forward(qg, kg, vg, meta),
+        "custom op attention_fwd, q/k/v requiring grad": lambda: _ops.attention_fwd(
+            qg, kg, vg, ts, *ints, False, False
         ),
         "attention.backward (the whole call)": lambda: attention.backward(
             q, k, v, dout, out, lse, meta
