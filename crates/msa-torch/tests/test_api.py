@@ -636,3 +636,106 @@ def test_fast_path_only_for_plain_eager_calls(monkeypatch):
     assert torch.equal(torch.compile(traced, backend="eager", fullgraph=True)(x), x - 1)
     monkeypatch.setattr(_eager, "enabled", False)
     assert not _eager.plain(x)
+
+
+def _cpu_metadata(lay):
+    """An AttentionMetadata of CPU tensors in prepare's shapes (contents irrelevant)."""
+    d = ref.device_layout(lay, "cpu")
+    sizes = _C.sizes(lay["total_q"], lay["total_k"], len(lay["qlens"]), lay["total_rows"],
+                     lay["max_seqlen_k"], lay["frag"] is not None, _device.FAKE_SM_COUNT)
+    ff, qf, bks, bkc, ew, rp, qi, qs, sc, sm, wc, prp, pqi, pv, dws, qo = (
+        torch.zeros(shape, dtype=torch.int32) for shape in _ops._prepare_shapes(sizes)
+    )
+    physical = attention.PhysicalSchedule(prp, pqi, pv)
+    return attention.AttentionMetadata(
+        topk_indices=torch.zeros(4, lay["total_q"], 16, dtype=torch.int32),
+        cu_seqlens_q=d["cu_seqlens_q"], cu_seqlens_k=d["cu_seqlens_k"],
+        fragment_indices=d["fragment_indices"], k2q_row_ptr=rp, k2q_q_indices=qi,
+        schedule=attention.SparseAttentionSchedule(sm, wc, qs, sc, dws, qo),
+        kl_schedule=physical, total_k=lay["total_k"], total_rows=lay["total_rows"],
+        max_seqlen_q=lay["max_seqlen_q"], max_seqlen_k=lay["max_seqlen_k"],
+        layout=attention.VarlenLayoutTensors(ff, qf, bks, bkc), physical_schedule=physical,
+        error_word=ew,
+    ), sizes
+
+
+def test_fast_path_plumbing_against_a_recording_extension(monkeypatch):
+    """The fast path's calls of the extension, with CPU tensors standing in for CUDA ones and an
+    extension that records instead of launching: argument counts and every view's length as the
+    Rust side checks them, the kernel set and backward path, the workspace size, autograd through
+    _Attention (backward = the explicit backward's call), and that an explicit backward on
+    inputs requiring grad leaves the fast path."""
+    from msa_torch import _eager, _ext
+
+    lay = ref.FRAGMENTS
+    meta, sizes = _cpu_metadata(lay)
+    c = meta._eager_call
+    assert c.shape is None, "no fast path for a metadata off CUDA"
+    c.shape = _C.CallShape(lay["total_q"], lay["total_k"], len(lay["qlens"]),
+                           lay["total_rows"], lay["max_seqlen_k"], True, _device.FAKE_SM_COUNT)
+    c._kernels[False] = "sm90a"
+    calls = []
+
+    class Recorder:
+        backward_path = staticmethod(_C.backward_path)
+
+        @staticmethod
+        def forward(*args):
+            calls.append(("forward", args))
+
+        @staticmethod
+        def backward(*args):
+            calls.append(("backward", args))
+
+    monkeypatch.setattr(_ext, "ext", lambda: Recorder)
+    monkeypatch.setattr(_eager, "stream", lambda index: 1234)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: c.index)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(lay["total_q"], 64, 128, generator=g).to(torch.bfloat16)
+    k = torch.randn(lay["total_k"], 4, 128, generator=g).to(torch.bfloat16)
+    v = torch.randn(lay["total_k"], 4, 128, generator=g).to(torch.bfloat16)
+
+    def lengths(views):
+        return [n for _, n in views]
+
+    layout_lengths = [sizes["cu_seqlens"]] * 2 + [
+        sizes["batch"], sizes["query_fragment"], sizes["block_keys"], sizes["block_keys"]
+    ]
+    out, lse = attention.forward(q, k, v, meta, return_softmax_lse=True)
+    (name, args), = calls
+    shape, layout_views, meta_views, qkv, outs, kernels, ws, stream = args
+    assert name == "forward" and shape is c.shape and kernels == "sm90a" and stream == 1234
+    assert lengths(layout_views) == layout_lengths
+    assert [p for p, _ in meta_views] == [t.data_ptr() for t in meta.op_tensors()[6:]]
+    assert lengths(meta_views) == [t.numel() for t in meta.op_tensors()[6:]]
+    assert lengths(qkv) == [sizes["queries"], sizes["keys"], sizes["keys"]]
+    assert [p for p, _ in qkv] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    assert lengths(outs) == [sizes["queries"], sizes["query_heads"]]
+    assert outs == [(out.data_ptr(), out.numel()), (lse.data_ptr(), lse.numel())]
+    assert ws[1] == sizes["forward_workspace_bytes_sm90a"] and (ws[0] != 0) == (ws[1] > 0)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.shape == (614, 64)
+
+    calls.clear()
+    dout = torch.randn(lay["total_q"], 64, 128, generator=g).to(torch.bfloat16)
+    dq, dk, dv = attention.backward(q, k, v, dout, out, lse, meta, deterministic=True)
+    (name, args), = calls
+    shape, layout_views, meta_views, qkv, inputs, grads, path, ws, stream = args
+    assert name == "backward" and path == "deterministic"
+    assert ws[1] == sizes["backward_workspace_bytes_deterministic"]
+    assert [p for p, _ in inputs] == [dout.data_ptr(), out.data_ptr(), lse.data_ptr()]
+    assert grads == [(x.data_ptr(), x.numel()) for x in (dq, dk, dv)]
+
+    calls.clear()
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out_g = attention.forward(qg, kg, vg, meta)
+    assert out_g.requires_grad and type(out_g.grad_fn).__name__ == "_AttentionBackward"
+    out_g.backward(dout.transpose(0, 1).contiguous().transpose(0, 1))  # made contiguous
+    assert [n for n, _ in calls] == ["forward", "backward"]
+    assert calls[1][1][6] == "sm90"  # the default backward on the sm90a kernel set
+    assert calls[1][1][4][0][0] != dout.data_ptr()  # the contiguous copy of dout
+    assert qg.grad.shape == q.shape and kg.grad.dtype == torch.bfloat16
+    out2 = attention.forward(qg, kg, vg, meta)
+    (gq,) = torch.autograd.grad(out2, qg, dout, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        gq.float().sum().backward()  # a double backward raises, as through the custom op
+    assert _eager.backward(qg, kg, vg, dout, out, lse, meta, False, False) is None

@@ -15,10 +15,10 @@ against a forward of ~1.4 ms on a 12K-query rank. So a plain eager call launches
   on every call, against sizes derived once per :class:`AttentionMetadata` (:class:`Call`);
   when one fails the call goes through the custom op, whose checks name the problem. The
   extension checks every length again before any launch;
-- with autograd through :class:`_Attention` (an ``autograd.Function`` whose backward is the same
-  launch as ``attention.backward``; a double backward raises, as through the op). An explicit
-  ``attention.backward`` on inputs that require grad goes through the custom op (its outputs
-  must stay non-differentiable).
+- with autograd through :class:`_Attention`, an ``autograd.Function`` whose backward is the same
+  launch as ``attention.backward`` (differentiating its gradients raises, as through the op). An
+  explicit ``attention.backward`` on inputs that require grad goes through the custom op (its
+  outputs must stay non-differentiable).
 
 Setting :data:`enabled` to ``False`` routes every call through the custom ops (the tests compare
 the two paths bitwise).
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import _device, _ext, _ops
 
@@ -36,6 +35,7 @@ from . import _device, _ext, _ops
 enabled = True
 
 _BF16, _F32, _U8 = torch.bfloat16, torch.float32, torch.uint8
+_NOT_TWICE = b"msa_torch: the attention backward is not differentiable (double backward)"
 stream = _ops.raw_stream
 
 
@@ -216,17 +216,22 @@ class _Attention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         c, (deterministic, force_sm80) = ctx.call, ctx.flags
-        dout = dout.contiguous()
-        if plain(dout) and c.grad_inputs_ok(dout, out, lse):
-            grads = launch_backward(c, q, k, v, dout, out, lse, deterministic, force_sm80)
-        else:
-            grads = _ops.attention_bwd(
-                q, k, v, dout, out, lse, list(c.tensors), *c.ints, deterministic, force_sm80
-            )
+        with torch.no_grad():
+            dout = dout.contiguous()
+            if plain(dout) and c.grad_inputs_ok(dout, out, lse):
+                grads = launch_backward(c, q, k, v, dout, out, lse, deterministic, force_sm80)
+            else:
+                grads = _ops.attention_bwd(
+                    q, k, v, dout, out, lse, list(c.tensors), *c.ints, deterministic, force_sm80
+                )
+        if torch.is_grad_enabled():
+            # create_graph=True: differentiating these gradients must raise (as through the
+            # custom op, whose backward op has no autograd), never silently give zero.
+            err = torch._C._functions.DelayedError(_NOT_TWICE, len(grads))
+            grads = err(*(g.detach().requires_grad_() for g in grads))
         return (*grads, None, None, None)
 
 
