@@ -6,6 +6,7 @@ FakeTensorMode."""
 import inspect
 import math
 import sys
+import warnings
 
 import pytest
 import torch
@@ -634,6 +635,9 @@ def test_fast_path_only_for_plain_eager_calls(monkeypatch):
 
     torch._dynamo.reset()
     assert torch.equal(torch.compile(traced, backend="eager", fullgraph=True)(x), x - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace, still supported
+        assert torch.equal(torch.jit.trace(traced, (x,), check_trace=False)(x), x - 1)
     monkeypatch.setattr(_eager, "enabled", False)
     assert not _eager.plain(x)
 

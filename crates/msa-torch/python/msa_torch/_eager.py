@@ -8,7 +8,7 @@ us per call without grad, ~280 us with; tests/host_overhead.py prints the GPU ho
 against a forward of ~1.4 ms on a 12K-query rank. So a plain eager call launches directly:
 
 - only when nothing can observe the difference (:func:`plain`): not under ``torch.compile`` /
-  export tracing, no torch-function or dispatch mode (fake tensors, functionalization,
+  export or ``torch.jit.trace`` tracing, no torch-function or dispatch mode (fake tensors, functionalization,
   ``make_fx``, ``torch.device`` as a context), no functorch transform, every tensor a plain
   ``torch.Tensor``. Anything else takes the custom ops, exactly as before;
 - with the same checks: the shape, dtype, device and layout checks that protect the launch run
@@ -41,11 +41,12 @@ stream = _ops.raw_stream
 
 def plain(*tensors) -> bool:
     """Whether an eager call may bypass the custom ops: the fast path is on, nothing is being
-    traced or compiled, no torch-function / dispatch mode or functorch transform is active, and
+    traced (dynamo, ``torch.jit.trace``) or compiled, no torch-function / dispatch mode or functorch transform is active, and
     every argument is a plain ``torch.Tensor``."""
     if (
         not enabled
         or torch.compiler.is_compiling()
+        or torch._C._is_tracing()
         or torch._C._is_torch_function_mode_enabled()
         or torch._C._len_torch_dispatch_stack()
         or torch._C._functorch.peek_interpreter_stack() is not None
