@@ -8,9 +8,9 @@ us per call without grad, ~280 us with; tests/host_overhead.py prints the GPU ho
 against a forward of ~1.4 ms on a 12K-query rank. So a plain eager call launches directly:
 
 - only when nothing can observe the difference (:func:`plain`): not under ``torch.compile`` /
-  export or ``torch.jit.trace`` tracing, no torch-function or dispatch mode (fake tensors, functionalization,
-  ``make_fx``, ``torch.device`` as a context), no functorch transform, every tensor a plain
-  ``torch.Tensor``. Anything else takes the custom ops, exactly as before;
+  export or ``torch.jit.trace`` tracing, no torch-function or dispatch mode (fake tensors,
+  functionalization, ``make_fx``, ``torch.device`` as a context), no functorch transform, every
+  tensor a plain ``torch.Tensor``. Anything else takes the custom ops, exactly as before;
 - with the same checks: the shape, dtype, device and layout checks that protect the launch run
   on every call, against sizes derived once per :class:`AttentionMetadata` (:class:`Call`);
   when one fails the call goes through the custom op, whose checks name the problem. The
@@ -41,8 +41,8 @@ stream = _ops.raw_stream
 
 def plain(*tensors) -> bool:
     """Whether an eager call may bypass the custom ops: the fast path is on, nothing is being
-    traced (dynamo, ``torch.jit.trace``) or compiled, no torch-function / dispatch mode or functorch transform is active, and
-    every argument is a plain ``torch.Tensor``."""
+    traced (dynamo, ``torch.jit.trace``) or compiled, no torch-function / dispatch mode or
+    functorch transform is active, and every argument is a plain ``torch.Tensor``."""
     if (
         not enabled
         or torch.compiler.is_compiling()
