@@ -308,7 +308,8 @@ def random16_topk(lay, seed, device):
     picks = keys.topk(TOPK - 1, dim=-1, largest=False).indices  # smallest keys: a random order
     s = torch.arange(TOPK, device=device)
     drawn = picks.gather(-1, s.clamp(max=TOPK - 2).expand(KV_HEADS, local.numel(), -1))
-    row = torch.where(s < n[:, None] - 1, drawn, torch.where(s == n[:, None] - 1, local[:, None], -1))
+    last = torch.where(s == n[:, None] - 1, local[:, None], -1)
+    row = torch.where(s < n[:, None] - 1, drawn, last)
     return row.to(torch.int32).contiguous()
 
 

@@ -557,7 +557,9 @@ def test_gathering_reference_equals_the_dense_one():
     torch.testing.assert_close(out.double(), want_out.detach(), atol=1e-5, rtol=1e-5)
     assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
     finite = torch.isfinite(want_lse)
-    torch.testing.assert_close(lse[finite].double(), want_lse[finite].detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        lse[finite].double(), want_lse[finite].detach(), atol=1e-5, rtol=1e-5
+    )
     for got, want in ((dq, qd.grad), (dk, kd.grad), (dv, vd.grad)):
         torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
     assert (dk[~used] == 0).all() and (kd.grad[~used] == 0).all() and used.any()
