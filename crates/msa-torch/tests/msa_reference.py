@@ -263,3 +263,122 @@ def rel_l2(a, b):
     if nb == 0:
         return a.norm().item()
     return ((a - b).norm() / nb).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# real ranks: vectorized selections and a gathering reference (documents of up to 196K keys,
+# where the dense reference above would need terabytes)
+
+
+def query_coords(lay, device):
+    """int64 ``[T]`` tensors of each query: its document's first packed K row, its document's
+    key count, and its position in the document."""
+    qlens = torch.tensor(lay["qlens"], dtype=torch.int64)
+    frag = torch.repeat_interleave(torch.arange(len(qlens)), qlens)
+    kbase = torch.tensor([lay["cu_k"][f] for f in lay["first"]], dtype=torch.int64)[frag]
+    klen = torch.tensor(lay["klens"], dtype=torch.int64)[frag]
+    i = torch.arange(lay["total_q"]) - torch.tensor(lay["cu_q"][:-1], dtype=torch.int64)[frag]
+    pos = klen - qlens[frag] + i
+    return kbase.to(device), klen.to(device), pos.to(device)
+
+
+def recent16_topk(lay, device):
+    """:func:`recent_topk` vectorized (MSA's ``make_torch_topk``: the n = min(L+1, 16) most
+    recent blocks, ascending, then -1), int32 ``[4, T, 16]`` on ``device``."""
+    _, _, pos = query_coords(lay, device)
+    local = pos // BLOCK
+    n = (local + 1).clamp(max=TOPK)
+    s = torch.arange(TOPK, device=device)
+    row = torch.where(s < n[:, None], local[:, None] - n[:, None] + 1 + s, -1)
+    return row[None].expand(KV_HEADS, -1, -1).to(torch.int32).contiguous()
+
+
+def random16_topk(lay, seed, device):
+    """The ``random`` pattern of msa-workloads (patterns.rs): per (head, query) n - 1 distinct
+    uniform blocks of [0, L) in draw order, then the local block L, then -1; int32
+    ``[4, T, 16]``, drawn on ``device`` from ``seed`` (not the Rust generator's stream)."""
+    _, _, pos = query_coords(lay, device)
+    local = pos // BLOCK
+    n = (local + 1).clamp(max=TOPK)
+    width = max(int(local.max().item()) if local.numel() else 0, TOPK - 1)
+    g = torch.Generator(device=device).manual_seed(seed)
+    keys = torch.rand(KV_HEADS, local.numel(), width, generator=g, device=device)
+    blocks = torch.arange(width, device=device)
+    keys = keys.masked_fill(blocks >= local[:, None], 2.0)  # only [0, L) can be drawn
+    picks = keys.topk(TOPK - 1, dim=-1, largest=False).indices  # smallest keys: a random order
+    s = torch.arange(TOPK, device=device)
+    drawn = picks.gather(-1, s.clamp(max=TOPK - 2).expand(KV_HEADS, local.numel(), -1))
+    last = torch.where(s == n[:, None] - 1, local[:, None], -1)
+    row = torch.where(s < n[:, None] - 1, drawn, last)
+    return row.to(torch.int32).contiguous()
+
+
+def load_real_ranks(path):
+    """``{name: (layout, record)}`` of tests/data/real_ranks.jsonl (written by
+    tests/real_ranks.rs from msa-workloads' CP16 split of the development manifest); the name is
+    ``c{case_id}r{rank}``."""
+    import json
+
+    ranks = {}
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            lay = layout(d["cu_seqlens_q"], d["cu_seqlens_k"], d["fragment_indices"])
+            ranks[f"c{d['case_id']}r{d['rank']}"] = (lay, d)
+    return ranks
+
+
+def checksum(topk):
+    """tests/real_ranks.rs's checksum of a flat selection: sum_i (v_i + 2) * ((i * 2654435761)
+    mod 2^31), in int64."""
+    v = topk.flatten().long()
+    i = torch.arange(v.numel(), dtype=torch.int64, device=v.device)
+    return int(((v + 2) * ((i * 2654435761) % (1 << 31))).sum().item())
+
+
+def sparse_attention(lay, topk, q, k, v, dout, chunk=256):
+    """fp32 ``(out [T, 64, 128], lse [T, 64], dq, dk, dv, used [Tk, 4])`` of contract §2 by
+    gathering each query's selected keys (at most 16 · 128 per kv head), ``chunk`` queries at a
+    time: the same function as :func:`attention` and its autograd backward (checked against them
+    on the small layouts), in memory O(chunk · 2048 · 128). ``used`` marks the packed keys some
+    query selected (the others get exact-zero dk, dv)."""
+    device = q.device
+    t, tk = q.shape[0], k.shape[0]
+    kbase, klen, pos = query_coords(lay, device)
+    k32, v32 = k.float(), v.float()
+    out = torch.zeros(t, Q_HEADS, D, device=device)
+    lse = torch.full((t, Q_HEADS), -math.inf, device=device)
+    dq = torch.zeros(t, Q_HEADS, D, device=device)
+    dk = torch.zeros(tk, KV_HEADS, D, device=device)
+    dv = torch.zeros(tk, KV_HEADS, D, device=device)
+    used = torch.zeros(tk, KV_HEADS, dtype=torch.bool, device=device)
+    j = torch.arange(BLOCK, device=device)
+    for c0 in range(0, t, chunk):
+        c1 = min(c0 + chunk, t)
+        qc = q[c0:c1].float().view(c1 - c0, KV_HEADS, 16, D)
+        doc = dout[c0:c1].float().view(c1 - c0, KV_HEADS, 16, D)
+        for g in range(KV_HEADS):
+            sel = topk[g, c0:c1].long()  # [C, 16]
+            key = (sel[..., None] * BLOCK + j).flatten(1)  # [C, 2048] document-local keys
+            ok = (sel[..., None] >= 0).expand(-1, -1, BLOCK).flatten(1)
+            ok &= (key < klen[c0:c1, None]) & (key <= pos[c0:c1, None])
+            rows = torch.where(ok, kbase[c0:c1, None] + key, 0)  # packed K rows
+            kk, vv = k32[rows, g], v32[rows, g]  # [C, 2048, D]
+            s = torch.einsum("chd,ckd->chk", qc[:, g], kk) * SCALE  # [C, 16, 2048]
+            s = s.masked_fill(~ok[:, None, :], -math.inf)
+            nonempty = ok.any(-1)  # [C]
+            m = torch.logsumexp(torch.where(nonempty[:, None, None], s, 0.0), dim=-1)  # [C, 16]
+            p = torch.where(ok[:, None, :], torch.exp(s - m[..., None]), 0.0)
+            o = torch.einsum("chk,ckd->chd", p, vv)
+            dp = torch.einsum("chd,ckd->chk", doc[:, g], vv)
+            delta = (doc[:, g] * o).sum(-1)  # [C, 16]
+            ds = p * (dp - delta[..., None])
+            heads = slice(16 * g, 16 * g + 16)
+            out[c0:c1, heads] = o
+            lse[c0:c1, heads] = torch.where(nonempty[:, None], m, -math.inf)
+            dq[c0:c1, heads] = torch.einsum("chk,ckd->chd", ds, kk) * SCALE
+            flat = rows[ok]
+            dk[:, g].index_add_(0, flat, (torch.einsum("chk,chd->ckd", ds, qc[:, g]) * SCALE)[ok])
+            dv[:, g].index_add_(0, flat, torch.einsum("chk,chd->ckd", p, doc[:, g])[ok])
+            used[flat, g] = True
+    return out, lse, dq, dk, dv, used

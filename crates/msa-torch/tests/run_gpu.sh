@@ -8,7 +8,11 @@
 #   bash crates/msa-torch/tests/run_gpu.sh [WHEEL] [PYTEST ARGS...]
 #
 # WHEEL defaults to the newest target/wheels/msa_torch-*.whl; MSA_TORCH_SITE (default /tmp/site)
-# is where it is installed. Success ends with pytest's "N passed" line and "run_gpu.sh: PASS".
+# is where it is installed. MSA_BIN (default: the bundle's msa, $MSA_BUNDLE or .gpu-bundle/ of
+# this checkout, from `cargo xtask gpu-bundle`) is the Rust CLI the bitwise tests run; the run
+# fails without it. After the tests, host_overhead.py prints where the host time of a
+# forward and a backward goes (MSA_TORCH_PROFILE=0 skips it). Success ends with pytest's
+# "N passed" line, the breakdown and "run_gpu.sh: PASS".
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 crate="$(cd "$here/.." && pwd)"
@@ -27,12 +31,17 @@ if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
     exit 2
 fi
 site="${MSA_TORCH_SITE:-/tmp/site}"
+bundle="${MSA_BUNDLE:-$root/.gpu-bundle}"
+if [ -z "${MSA_BIN:-}" ] && [ -x "$bundle/msa" ]; then
+    export MSA_BIN="$bundle/msa"
+fi
 
 echo "== wheel: $wheel"
 rm -rf "$site"/msa_torch "$site"/msa_torch-*.dist-info
 python3 -m pip install --no-deps --no-index --target "$site" "$wheel"
 
 echo "== host"
+echo "MSA_BIN=${MSA_BIN:-<unset: the bitwise tests will fail>}"
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader || true
 PYTHONPATH="$site" python3 - <<'PY'
 import sys, torch, msa_torch
@@ -46,4 +55,8 @@ cd "$crate"
 start=$SECONDS
 MSA_TORCH_REQUIRE_GPU=1 PYTHONPATH="$site" python3 -m pytest -q -rfEsxP -p no:cacheprovider \
     --durations=8 tests "$@"
+if [ "${MSA_TORCH_PROFILE:-1}" != 0 ]; then
+    echo "== host overhead breakdown (tests/host_overhead.py)"
+    PYTHONPATH="$site" python3 tests/host_overhead.py
+fi
 echo "run_gpu.sh: PASS ($((SECONDS - start)) s)"

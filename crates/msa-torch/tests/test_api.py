@@ -6,6 +6,7 @@ FakeTensorMode."""
 import inspect
 import math
 import sys
+import warnings
 
 import pytest
 import torch
@@ -510,6 +511,60 @@ def test_reference_helpers_are_consistent():
         assert ref.recent_topk(lay).shape == (4, lay["total_q"], 16)
 
 
+@pytest.mark.parametrize("lay", [ref.VARLEN, ref.FRAGMENTS], ids=["varlen", "fragments"])
+def test_real_rank_selections_agree_with_the_small_ones(lay):
+    """The vectorized selections of the real-rank GPU tests: recent16 equals the per-query one,
+    random follows msa-workloads' rule (n - 1 distinct blocks below L, then L, then -1)."""
+    assert torch.equal(ref.recent16_topk(lay, "cpu"), ref.recent_topk(lay))
+    topk = ref.random16_topk(lay, seed=3, device="cpu")
+    for b in range(len(lay["qlens"])):
+        for i, p in enumerate(ref.positions(lay, b)):
+            local, n = p // 128, min(p // 128 + 1, 16)
+            for h in range(4):
+                row = topk[h, lay["cu_q"][b] + i].tolist()
+                assert row[n - 1] == local and row[n:] == [-1] * (16 - n), row
+                assert len(set(row[: n - 1])) == n - 1 and all(0 <= x < local for x in row[: n - 1])
+    assert not torch.equal(topk, ref.random16_topk(lay, seed=4, device="cpu"))
+
+
+def test_real_ranks_file_matches_the_python_layouts():
+    """tests/data/real_ranks.jsonl (msa-workloads' ranks, checked by tests/real_ranks.rs): the
+    Python layout arithmetic gives the Rust sizes, and the vectorized recent16 is msa-plan's
+    word for word (its checksum)."""
+    from pathlib import Path
+
+    ranks = ref.load_real_ranks(Path(__file__).parent / "data" / "real_ranks.jsonl")
+    assert len(ranks) >= 2
+    for name, (lay, d) in ranks.items():
+        for key in ("total_q", "total_k", "total_rows", "max_seqlen_q", "max_seqlen_k"):
+            assert lay[key] == d[key], (name, key)
+        assert ref.checksum(ref.recent16_topk(lay, "cpu")) == d["recent16_checksum"], name
+
+
+def test_gathering_reference_equals_the_dense_one():
+    """ref.sparse_attention (the real-rank reference, fp32) against the dense reference and its
+    autograd backward in fp64, on a small fragmented layout (CPU time: seconds)."""
+    # Document A (700 keys): fragments of 30 queries ending at 300 and 700; document B whole.
+    lay = ref.layout([0, 30, 60, 90], [0, 300, 700, 850], [0, 0, 2])
+    sel = ref.random_topk(lay, seed=5, empty_fraction=0.05)
+    g = torch.Generator().manual_seed(6)
+    q, dout = (torch.randn(lay["total_q"], 64, 128, generator=g) for _ in range(2))
+    k, v = (torch.randn(lay["total_k"], 4, 128, generator=g) for _ in range(2))
+    out, lse, dq, dk, dv, used = ref.sparse_attention(lay, sel, q, k, v, dout, chunk=64)
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    want_out, want_lse = ref.attention(lay, sel, qd, kd, vd)
+    (want_out * dout.double()).sum().backward()
+    torch.testing.assert_close(out.double(), want_out.detach(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(
+        lse[finite].double(), want_lse[finite].detach(), atol=1e-5, rtol=1e-5
+    )
+    for got, want in ((dq, qd.grad), (dk, kd.grad), (dv, vd.grad)):
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+    assert (dk[~used] == 0).all() and (kd.grad[~used] == 0).all() and used.any()
+
+
 # ---------------------------------------------------------------------------------------------
 # dynamo: the wrappers trace into the ops (no graph break) with fake CUDA tensors
 
@@ -554,3 +609,139 @@ def test_strict_export_traces_prepare_forward_indexer_kl_in_one_graph():
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     for op in ("prepare", "attention_fwd", "indexer_fwd", "kl_bwd"):
         assert f"msa_torch.{op}.default" in targets, targets
+
+
+# ---------------------------------------------------------------------------------------------
+# the eager fast path (msa_torch._eager)
+
+
+def test_fast_path_only_for_plain_eager_calls(monkeypatch):
+    """The custom ops are bypassed only where nothing can observe it: plain tensors, no mode,
+    no transform, not compiling; everything else (and ``enabled = False``) takes the ops."""
+    from msa_torch import _eager
+
+    x = torch.zeros(2, 3)
+    assert _eager.plain(x, x)
+    assert not _eager.plain(x, torch.nn.Parameter(x))
+    with FakeTensorMode() as mode:
+        assert not _eager.plain(mode.from_tensor(x))
+        assert not _eager.plain(x)
+    with torch.device("cpu"):
+        assert not _eager.plain(x)
+    seen = []
+    torch.vmap(lambda t: seen.append(_eager.plain(t)) or t)(x)
+    assert seen == [False]
+
+    def traced(t):
+        return t + 1 if _eager.plain(t) else t - 1
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(traced, backend="eager", fullgraph=True)(x), x - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace, still supported
+        assert torch.equal(torch.jit.trace(traced, (x,), check_trace=False)(x), x - 1)
+    monkeypatch.setattr(_eager, "enabled", False)
+    assert not _eager.plain(x)
+
+
+def _cpu_metadata(lay):
+    """An AttentionMetadata of CPU tensors in prepare's shapes (contents irrelevant)."""
+    d = ref.device_layout(lay, "cpu")
+    sizes = _C.sizes(lay["total_q"], lay["total_k"], len(lay["qlens"]), lay["total_rows"],
+                     lay["max_seqlen_k"], lay["frag"] is not None, _device.FAKE_SM_COUNT)
+    ff, qf, bks, bkc, ew, rp, qi, qs, sc, sm, wc, prp, pqi, pv, dws, qo = (
+        torch.zeros(shape, dtype=torch.int32) for shape in _ops._prepare_shapes(sizes)
+    )
+    physical = attention.PhysicalSchedule(prp, pqi, pv)
+    return attention.AttentionMetadata(
+        topk_indices=torch.zeros(4, lay["total_q"], 16, dtype=torch.int32),
+        cu_seqlens_q=d["cu_seqlens_q"], cu_seqlens_k=d["cu_seqlens_k"],
+        fragment_indices=d["fragment_indices"], k2q_row_ptr=rp, k2q_q_indices=qi,
+        schedule=attention.SparseAttentionSchedule(sm, wc, qs, sc, dws, qo),
+        kl_schedule=physical, total_k=lay["total_k"], total_rows=lay["total_rows"],
+        max_seqlen_q=lay["max_seqlen_q"], max_seqlen_k=lay["max_seqlen_k"],
+        layout=attention.VarlenLayoutTensors(ff, qf, bks, bkc), physical_schedule=physical,
+        error_word=ew,
+    ), sizes
+
+
+def test_fast_path_plumbing_against_a_recording_extension(monkeypatch):
+    """The fast path's calls of the extension, with CPU tensors standing in for CUDA ones and an
+    extension that records instead of launching: argument counts and every view's length as the
+    Rust side checks them, the kernel set and backward path, the workspace size, autograd through
+    _Attention (backward = the explicit backward's call), and that an explicit backward on
+    inputs requiring grad leaves the fast path."""
+    from msa_torch import _eager, _ext
+
+    lay = ref.FRAGMENTS
+    meta, sizes = _cpu_metadata(lay)
+    c = meta._eager_call
+    assert c.shape is None, "no fast path for a metadata off CUDA"
+    c.shape = _C.CallShape(lay["total_q"], lay["total_k"], len(lay["qlens"]),
+                           lay["total_rows"], lay["max_seqlen_k"], True, _device.FAKE_SM_COUNT)
+    c._kernels[False] = "sm90a"
+    calls = []
+
+    class Recorder:
+        backward_path = staticmethod(_C.backward_path)
+
+        @staticmethod
+        def forward(*args):
+            calls.append(("forward", args))
+
+        @staticmethod
+        def backward(*args):
+            calls.append(("backward", args))
+
+    monkeypatch.setattr(_ext, "ext", lambda: Recorder)
+    monkeypatch.setattr(_eager, "stream", lambda index: 1234)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: c.index)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(lay["total_q"], 64, 128, generator=g).to(torch.bfloat16)
+    k = torch.randn(lay["total_k"], 4, 128, generator=g).to(torch.bfloat16)
+    v = torch.randn(lay["total_k"], 4, 128, generator=g).to(torch.bfloat16)
+
+    def lengths(views):
+        return [n for _, n in views]
+
+    layout_lengths = [sizes["cu_seqlens"]] * 2 + [
+        sizes["batch"], sizes["query_fragment"], sizes["block_keys"], sizes["block_keys"]
+    ]
+    out, lse = attention.forward(q, k, v, meta, return_softmax_lse=True)
+    (name, args), = calls
+    shape, layout_views, meta_views, qkv, outs, kernels, ws, stream = args
+    assert name == "forward" and shape is c.shape and kernels == "sm90a" and stream == 1234
+    assert lengths(layout_views) == layout_lengths
+    assert [p for p, _ in meta_views] == [t.data_ptr() for t in meta.op_tensors()[6:]]
+    assert lengths(meta_views) == [t.numel() for t in meta.op_tensors()[6:]]
+    assert lengths(qkv) == [sizes["queries"], sizes["keys"], sizes["keys"]]
+    assert [p for p, _ in qkv] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    assert lengths(outs) == [sizes["queries"], sizes["query_heads"]]
+    assert outs == [(out.data_ptr(), out.numel()), (lse.data_ptr(), lse.numel())]
+    assert ws[1] == sizes["forward_workspace_bytes_sm90a"] and (ws[0] != 0) == (ws[1] > 0)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.shape == (614, 64)
+
+    calls.clear()
+    dout = torch.randn(lay["total_q"], 64, 128, generator=g).to(torch.bfloat16)
+    dq, dk, dv = attention.backward(q, k, v, dout, out, lse, meta, deterministic=True)
+    (name, args), = calls
+    shape, layout_views, meta_views, qkv, inputs, grads, path, ws, stream = args
+    assert name == "backward" and path == "deterministic"
+    assert ws[1] == sizes["backward_workspace_bytes_deterministic"]
+    assert [p for p, _ in inputs] == [dout.data_ptr(), out.data_ptr(), lse.data_ptr()]
+    assert grads == [(x.data_ptr(), x.numel()) for x in (dq, dk, dv)]
+
+    calls.clear()
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out_g = attention.forward(qg, kg, vg, meta)
+    assert out_g.requires_grad and type(out_g.grad_fn).__name__ == "_AttentionBackward"
+    out_g.backward(dout.transpose(0, 1).contiguous().transpose(0, 1))  # made contiguous
+    assert [n for n, _ in calls] == ["forward", "backward"]
+    assert calls[1][1][6] == "sm90"  # the default backward on the sm90a kernel set
+    assert calls[1][1][4][0][0] != dout.data_ptr()  # the contiguous copy of dout
+    assert qg.grad.shape == q.shape and kg.grad.dtype == torch.bfloat16
+    out2 = attention.forward(qg, kg, vg, meta)
+    (gq,) = torch.autograd.grad(out2, qg, dout, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        gq.float().sum().backward()  # a double backward raises, as through the custom op
+    assert _eager.backward(qg, kg, vg, dout, out, lse, meta, False, False) is None

@@ -1,11 +1,16 @@
 """GPU tests of msa_torch (marker ``gpu``; skipped without a served GPU unless
 ``MSA_TORCH_REQUIRE_GPU=1``): numerics against the fp32 reference of msa_reference.py with MSA's
-tolerances (out atol = rtol = 3e-2, LSE 1e-3, gradients cosine >= 0.99 and relative L2 <= 1e-2),
-torch.library.opcheck on every op, autograd, determinism, torch.compile(fullgraph=True), CUDA
+tolerances on unit-normal inputs and MSA's and the strict set on inputs of MSA's protocol
+(:data:`INPUTS`), torch.library.opcheck on every op, autograd,
+determinism, the eager fast path against the custom ops, torch.compile(fullgraph=True), CUDA
 graph capture and replay with a new top-k, the top-k validation error and the device gate."""
 
 import math
+import os
 import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +22,41 @@ import msa_reference as ref
 
 pytestmark = pytest.mark.gpu
 
-OUT_TOL = 3e-2
-LSE_TOL = 1e-3
-COSINE = 0.99
-REL_L2 = 1e-2
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Limits of one comparison with the fp32 reference (crates/msa-harness/src/check/
+    tolerances.rs): O by atol = rtol, LSE by atol = rtol where finite, gradients by cosine and
+    relative L2, the indexer's LSE by atol and its block ranking by slack."""
+
+    name: str
+    out: float
+    lse: float
+    cosine: float
+    rel_l2: float
+    index_lse: float
+    rank_slack: float
+
+
+#: MSA's own limits, then the strict set (``Tolerances::strict()``): O and LSE tenfold tighter,
+#: 1 - cosine a hundredfold, relative L2 halved (a bf16 output carries its rounding, 2^-9
+#: relative, against the f32 reference).
+MSA = Tolerances("MSA", 3e-2, 1e-3, 0.99, 1e-2, 2e-3, 5e-3)
+STRICT = Tolerances("strict", 3e-3, 1e-4, 0.9999, 5e-3, 2e-4, 5e-4)
+
+#: Input scales ``(q, k, v, qi, ki std, dout std)`` and the limits they are checked at.
+#: ``msa``: MSA's test protocol (N(0, 0.2^2), dout N(0, 0.1^2); msa-workloads' inputs), where the
+#: strict set is calibrated: correct kernels meet it with ~3x margin on O. ``unit``: N(0, 1), a
+#: harsher regime (peaked softmax, |O| up to ~3) for MSA's limits only: there the strict O limit
+#: is within rounding of what correct kernels give (emulating the kernels' bf16 P on FRAGMENTS:
+#: worst |error| / strict limit 1.01, against 0.36 under MSA's protocol).
+INPUTS = {"unit": ((1.0, 1.0), (MSA,)), "msa": ((0.2, 0.1), (MSA, STRICT))}
 
 LAYOUTS = {"varlen": ref.VARLEN, "fragments": ref.FRAGMENTS}
+#: Real CP16 ranks (tests/data/real_ranks.jsonl, from msa-workloads): c151r7 is one 189,440-key
+#: document in 12 fragments, c434r2 57 documents of at most 365 keys; 12,288 queries each.
+REAL_RANKS = ref.load_real_ranks(Path(__file__).parent / "data" / "real_ranks.jsonl")
 
 
 @pytest.fixture(autouse=True)
@@ -37,21 +71,23 @@ def _no_tf32():
 class Case:
     """One layout on the GPU: cu_seqlens, a selection, bf16 inputs."""
 
-    def __init__(self, lay, topk, seed=0, device="cuda"):
-        g = torch.Generator(device="cpu").manual_seed(seed)
+    def __init__(self, lay, topk, seed=0, device="cuda", draw_on="cpu", inputs="unit"):
+        g = torch.Generator(device=draw_on).manual_seed(seed)
+        (scale, dout_scale), self.tolerances = INPUTS[inputs]
         self.lay = lay
         self.d = ref.device_layout(lay, device)
         t, tk = lay["total_q"], lay["total_k"]
 
         def bf16(*shape, scale=1.0):
-            return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+            x = torch.randn(*shape, generator=g, device=draw_on) * scale
+            return x.to(torch.bfloat16).to(device)
 
-        self.q = bf16(t, 64, 128)
-        self.k = bf16(tk, 4, 128)
-        self.v = bf16(tk, 4, 128)
-        self.dout = bf16(t, 64, 128)
-        self.qi = bf16(t, 4, 128)
-        self.ki = bf16(tk, 1, 128)
+        self.q = bf16(t, 64, 128, scale=scale)
+        self.k = bf16(tk, 4, 128, scale=scale)
+        self.v = bf16(tk, 4, 128, scale=scale)
+        self.dout = bf16(t, 64, 128, scale=dout_scale)
+        self.qi = bf16(t, 4, 128, scale=scale)
+        self.ki = bf16(tk, 1, 128, scale=scale)
         self.topk = topk.to(device)
 
     def prepare(self, topk=None, checked=True):
@@ -73,18 +109,29 @@ class Case:
         return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
-def _check_forward(out, lse, ref_out, ref_lse):
-    torch.testing.assert_close(out.float(), ref_out, atol=OUT_TOL, rtol=OUT_TOL)
+def _check_forward(out, lse, ref_out, ref_lse, tols):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(lse)), "LSE infinities differ"
     assert (lse[~finite] == -math.inf).all()
-    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=LSE_TOL, rtol=LSE_TOL)
+    for tol in tols:
+        torch.testing.assert_close(
+            out.float(), ref_out, atol=tol.out, rtol=tol.out,
+            msg=lambda m, tol=tol: f"out at {tol.name} tolerances: {m}",
+        )
+        torch.testing.assert_close(
+            lse[finite], ref_lse[finite], atol=tol.lse, rtol=tol.lse,
+            msg=lambda m, tol=tol: f"lse at {tol.name} tolerances: {m}",
+        )
 
 
-def _check_grads(got, want, names=("dq", "dk", "dv")):
+def _check_grads(got, want, tols, names=("dq", "dk", "dv")):
     for name, g, w in zip(names, got, want):
         c, r = ref.cosine(g, w), ref.rel_l2(g, w)
-        assert c >= COSINE and r <= REL_L2, f"{name}: cosine {c:.6f}, relative L2 {r:.2e}"
+        for tol in tols:
+            assert c >= tol.cosine and r <= tol.rel_l2, (
+                f"{name} at {tol.name} tolerances: cosine {c:.7f} (>= {tol.cosine}), "
+                f"relative L2 {r:.2e} (<= {tol.rel_l2})"
+            )
 
 
 def _unselected_keys(lay, topk):
@@ -116,16 +163,17 @@ def test_device_is_served():
 # numerics
 
 
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 @pytest.mark.parametrize("kernels", ["auto", "sm80"])
-def test_forward_backward_match_the_reference(name, kernels, monkeypatch):
+def test_forward_backward_match_the_reference(name, kernels, inputs, monkeypatch):
     monkeypatch.setattr(_ops, "force_sm80", kernels == "sm80")
     lay = LAYOUTS[name]
-    case = Case(lay, ref.random_topk(lay, seed=11, empty_fraction=0.03), seed=1)
+    case = Case(lay, ref.random_topk(lay, seed=11, empty_fraction=0.03), seed=1, inputs=inputs)
     meta = case.prepare()
     out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
     ref_out, ref_lse, *ref_grads = case.reference()
-    _check_forward(out, lse, ref_out, ref_lse)
+    _check_forward(out, lse, ref_out, ref_lse, case.tolerances)
     # Empty selections: out 0, lse -inf.
     empty = (case.topk < 0).all(-1).T.repeat_interleave(16, dim=1)  # [T, 64]
     assert empty.any(), "the case has empty selections"
@@ -135,27 +183,61 @@ def test_forward_backward_match_the_reference(name, kernels, monkeypatch):
         grads = attention.backward(
             case.q, case.k, case.v, case.dout, out, lse, meta, deterministic=deterministic
         )
-        _check_grads([g.float() for g in grads], ref_grads)
+        _check_grads([g.float() for g in grads], ref_grads, case.tolerances)
         dq, dk, dv = grads
         assert (dq[empty] == 0).all()
         assert (dk[unselected] == 0).all() and (dv[unselected] == 0).all(), "exact zeros"
 
 
-def test_recent16_pattern_matches_the_reference():
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
+def test_recent16_pattern_matches_the_reference(inputs):
     lay = ref.FRAGMENTS
-    case = Case(lay, ref.recent_topk(lay), seed=2)
+    case = Case(lay, ref.recent_topk(lay), seed=2, inputs=inputs)
     meta = case.prepare()
     out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
     ref_out, ref_lse, *ref_grads = case.reference()
-    _check_forward(out, lse, ref_out, ref_lse)
+    _check_forward(out, lse, ref_out, ref_lse, case.tolerances)
     grads = attention.backward(case.q, case.k, case.v, case.dout, out, lse, meta)
-    _check_grads([g.float() for g in grads], ref_grads)
+    _check_grads([g.float() for g in grads], ref_grads, case.tolerances)
 
 
+def _real_case(name, pattern, seed=21, inputs="msa"):
+    """A real rank with a recent16 or random selection and inputs drawn on the GPU."""
+    lay, _ = REAL_RANKS[name]
+    if pattern == "recent16":
+        topk = ref.recent16_topk(lay, "cuda")
+    else:
+        topk = ref.random16_topk(lay, seed, "cuda")
+    return Case(lay, topk, seed=seed, draw_on="cuda", inputs=inputs)
+
+
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
+@pytest.mark.parametrize("pattern", ["recent16", "random"])
+@pytest.mark.parametrize("name", sorted(REAL_RANKS))
+def test_real_rank_matches_the_reference(name, pattern, inputs):
+    """A whole real CP16 rank (12,288 queries): O, LSE and the gradients of both backward paths
+    against the gathering fp32 reference, every element (the strict set on MSA's protocol)."""
+    case = _real_case(name, pattern, inputs=inputs)
+    meta = case.prepare()
+    out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
+    ref_out, ref_lse, *ref_grads, used = ref.sparse_attention(
+        case.lay, case.topk, case.q, case.k, case.v, case.dout
+    )
+    _check_forward(out, lse, ref_out, ref_lse, case.tolerances)
+    del ref_out, ref_lse
+    for deterministic in (False, True):
+        grads = attention.backward(
+            case.q, case.k, case.v, case.dout, out, lse, meta, deterministic=deterministic
+        )
+        _check_grads([g.float() for g in grads], ref_grads, case.tolerances)
+        assert (grads[1][~used] == 0).all() and (grads[2][~used] == 0).all(), "exact zeros"
+
+
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_indexer_matches_the_reference(name):
+def test_indexer_matches_the_reference(name, inputs):
     lay = LAYOUTS[name]
-    case = Case(lay, ref.recent_topk(lay), seed=3)
+    case = Case(lay, ref.recent_topk(lay), seed=3, inputs=inputs)
     topk, lse = indexer.forward(
         case.qi,
         case.ki,
@@ -167,8 +249,11 @@ def test_indexer_matches_the_reference(name):
     )
     assert topk.dtype == torch.int32 and topk.shape == (4, lay["total_q"], 16)
     assert lse.dtype == torch.float32 and lse.shape == (4, lay["total_q"])
-    failures = ref.check_indexer(lay, case.qi, case.ki, topk, lse)
-    assert not failures, "\n".join(failures[:20])
+    for tol in case.tolerances:
+        failures = ref.check_indexer(
+            lay, case.qi, case.ki, topk, lse, slack=tol.rank_slack, lse_atol=tol.index_lse
+        )
+        assert not failures, f"{tol.name} tolerances:\n" + "\n".join(failures[:20])
     # Its selection is valid: prepare accepts it.
     case.prepare(topk)
     again, lse2 = indexer.forward(
@@ -184,22 +269,24 @@ def test_indexer_matches_the_reference(name):
     assert torch.equal(again, topk) and torch.equal(lse2, lse)
 
 
+@pytest.mark.parametrize("inputs", sorted(INPUTS))
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_kl_backward_matches_the_reference(name):
+def test_kl_backward_matches_the_reference(name, inputs):
     lay = LAYOUTS[name]
-    case = Case(lay, ref.random_topk(lay, seed=5), seed=4)
+    case = Case(lay, ref.random_topk(lay, seed=5), seed=4, inputs=inputs)
     meta = case.prepare()
     _, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
     ilse = indexer.selection_lse(case.qi, case.ki, meta)
     ref_ilse = ref.selection_lse(lay, case.topk, case.qi, case.ki)
     finite = torch.isfinite(ref_ilse)
     assert torch.equal(finite, torch.isfinite(ilse))
-    torch.testing.assert_close(ilse[finite], ref_ilse[finite], atol=2e-3, rtol=0)
+    for tol in case.tolerances:
+        torch.testing.assert_close(ilse[finite], ref_ilse[finite], atol=tol.index_lse, rtol=0)
     dqi, dki = kl.backward(case.q, case.k, lse, case.qi, case.ki, ilse, meta, loss_coeff=0.7)
     assert dqi.dtype == torch.bfloat16 and dqi.shape == case.qi.shape
     assert dki.dtype == torch.bfloat16 and dki.shape == case.ki.shape
     want = ref.kl_backward(lay, case.topk, case.q, case.k, lse, case.qi, case.ki, ilse, 0.7)
-    _check_grads([dqi.float(), dki.float()], want, names=("dqi", "dki"))
+    _check_grads([dqi.float(), dki.float()], want, case.tolerances, names=("dqi", "dki"))
     again = kl.backward(case.q, case.k, lse, case.qi, case.ki, ilse, meta, loss_coeff=0.7)
     assert torch.equal(again[0], dqi) and torch.equal(again[1], dki)
 
@@ -226,7 +313,7 @@ def test_autograd_matches_explicit_backward():
     assert torch.equal(out2, out.detach())
     out2.float().mul(case.dout.float()).sum().backward()
     _check_grads([q2.grad.float(), k2.grad.float(), v2.grad.float()],
-                 [dq.float(), dk.float(), dv.float()])
+                 [dq.float(), dk.float(), dv.float()], (STRICT,))
 
 
 def test_deterministic_backward_is_bitwise_repeatable():
@@ -257,6 +344,93 @@ def test_launches_follow_the_current_stream():
         got = attention.forward(case.q, case.k, case.v, meta2)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# bitwise against the msa CLI
+
+
+def _msa_bin():
+    """The bundle's ``msa`` binary (``MSA_BIN``, set by run_gpu.sh from ``.gpu-bundle/msa``):
+    required on the GPU run, a loud skip elsewhere."""
+    path = os.environ.get("MSA_BIN")
+    if path:
+        assert os.access(path, os.X_OK), f"MSA_BIN={path} is not an executable"
+        return path
+    reason = (
+        "MSA_BIN is unset: the bitwise comparison with `msa attention` needs the bundle's msa "
+        "binary (`cargo xtask gpu-bundle`, carried as .gpu-bundle/; run_gpu.sh sets MSA_BIN)"
+    )
+    if os.environ.get("MSA_TORCH_REQUIRE_GPU") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def _bits(t):
+    """The raw bits of ``t`` (so -0.0 != 0.0 and NaNs compare by payload)."""
+    t = t.contiguous().cpu()
+    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32}[t.dtype])
+
+
+def _cli_case(name):
+    if name == "fragments":
+        lay = ref.FRAGMENTS
+        return Case(lay, ref.random_topk(lay, seed=16, empty_fraction=0.02), seed=17)
+    rank, pattern = name.split("-")
+    return _real_case(rank, pattern, seed=22)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "sm90"])
+@pytest.mark.parametrize("name", ["fragments", "c434r2-random", "c151r7-random"])
+def test_bitwise_equal_to_msa_attention(name, deterministic, tmp_path):
+    """The same safetensors inputs through ``msa attention --backend cuda`` (the Rust CLI of the
+    bundle) and through msa_torch: O and LSE bitwise equal (the same forward kernel, which is
+    deterministic), and dq, dk, dv bitwise equal on the deterministic backward. The default
+    backward on compute capability 9.0 is the sm_90a one, whose dQ is reduced in arrival order
+    (atomics): run to run it differs in the last bits, so there the gradients are compared at the
+    strict tolerances (and the bitwise agreement is printed)."""
+    from safetensors.torch import load_file, save_file
+
+    msa = _msa_bin()
+    case = _cli_case(name)
+    tensors = {
+        "q": case.q, "k": case.k, "v": case.v, "dout": case.dout,
+        "topk_indices": case.topk, "cu_seqlens_q": case.d["cu_seqlens_q"],
+        "cu_seqlens_k": case.d["cu_seqlens_k"],
+    }
+    if case.d["fragment_indices"] is not None:
+        tensors["fragment_indices"] = case.d["fragment_indices"]
+    inputs, outputs = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(inputs))
+    cmd = [msa, "attention", "--backend", "cuda", "--inputs", str(inputs), "--outputs",
+           str(outputs)] + (["--deterministic"] if deterministic else [])
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}"
+    cli = load_file(str(outputs))
+
+    meta = case.prepare()
+    out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
+    dq, dk, dv = attention.backward(
+        case.q, case.k, case.v, case.dout, out, lse, meta, deterministic=deterministic
+    )
+    mine = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    assert set(cli) == set(mine), f"the CLI wrote {sorted(cli)}"
+    for n, t in mine.items():
+        assert cli[n].dtype == t.dtype and cli[n].shape == t.shape, n
+    for n in ("out", "lse"):
+        diff = (_bits(cli[n]) != _bits(mine[n])).sum().item()
+        assert diff == 0, f"{n}: {diff} of {mine[n].numel()} elements differ from msa attention"
+    grads = ("dq", "dk", "dv")
+    if deterministic:
+        for n in grads:
+            diff = (_bits(cli[n]) != _bits(mine[n])).sum().item()
+            assert diff == 0, f"{n}: {diff} of {mine[n].numel()} elements differ (deterministic)"
+    else:
+        same = {n: bool(torch.equal(_bits(cli[n]), _bits(mine[n]))) for n in grads}
+        print(f"\n{name} sm90 backward, bitwise equal to the CLI's: {same}")
+        _check_grads(
+            [mine[n].float() for n in grads], [cli[n].float().cuda() for n in grads], (STRICT,)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,10 +580,10 @@ def test_cuda_graph_replays_prepare_forward_backward_with_a_new_topk():
     assert torch.equal(out_g, out_e) and torch.equal(lse_g, lse_e)
     for a, b in zip(det_g, det_e):
         assert torch.equal(a, b)
-    _check_grads([a.float() for a in fast_g], [b.float() for b in fast_e])
+    _check_grads([a.float() for a in fast_g], [b.float() for b in fast_e], (STRICT,))
     ref_out, ref_lse, *ref_grads = case.reference(topk2)
-    _check_forward(out_g, lse_g, ref_out, ref_lse)
-    _check_grads([g.float() for g in det_g], ref_grads)
+    _check_forward(out_g, lse_g, ref_out, ref_lse, case.tolerances)
+    _check_grads([g.float() for g in det_g], ref_grads, case.tolerances)
 
 
 def test_checked_prepare_skips_validation_while_capturing():
@@ -482,49 +656,63 @@ def test_cpu_tensors_are_rejected():
 # ---------------------------------------------------------------------------------------------
 # host overhead of the Python path
 
+#: The issue's limit: host time per call at most 5% of the kernel time on a 12K-query rank.
+HOST_RATIO = 0.05
+
 
 def test_host_overhead_on_a_12k_query_rank():
-    """Per-call host time of the Python path (wrapper + custom-op dispatch + extension) next to
-    the kernel time, on one 12,288-query document with MSA's recent-16 selection. Printed (see
-    the run's summary); the assertion is loose (the issue's target is 5% on a real CP16 rank)."""
-    import time
+    """Host time per call of the Python path (host_overhead.py says exactly what is measured)
+    against the device time, on one 12,288-query document with MSA's recent-16 selection: the
+    forward (plain and with autograd), the explicit backward and the autograd backward, each at
+    most 5% of its kernel time."""
+    import host_overhead
 
-    t = 12288
-    dev = "cuda"
-    cu = torch.tensor([0, t], dtype=torch.int32, device=dev)
-    local = torch.arange(t, device=dev) // 128
-    ids = torch.arange(16, device=dev)[None, :] + (local - 15).clamp(min=0)[:, None]
-    topk = torch.where(ids <= local[:, None], ids, -1).to(torch.int32)
-    topk = topk[None].expand(4, t, 16).contiguous()
-    meta = attention.prepare(topk, cu, cu, total_k=t, total_rows=t // 128, max_seqlen_q=t,
-                             max_seqlen_k=t)
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(t, 64, 128, device=dev, generator=g).to(torch.bfloat16)
-    k = torch.randn(t, 4, 128, device=dev, generator=g).to(torch.bfloat16)
-    v = torch.randn(t, 4, 128, device=dev, generator=g).to(torch.bfloat16)
-    dout = torch.randn(t, 64, 128, device=dev, generator=g).to(torch.bfloat16)
-    out, lse = attention.forward(q, k, v, meta, return_softmax_lse=True)
-    attention.backward(q, k, v, dout, out, lse, meta)
-    torch.cuda.synchronize()
+    meta, q, k, v, dout = host_overhead.twelve_k_case()
+    results = {
+        name: host_overhead.measure(fn)
+        for name, fn in host_overhead.paths(meta, q, k, v, dout).items()
+    }
+    print("\n12K-query rank, recent16 (host = wall time of enqueueing, GPU kept busy):")
+    print(host_overhead.report(results))
+    over = [n for n, (host, dev) in results.items() if host > HOST_RATIO * dev]
+    assert not over, f"host time over {100 * HOST_RATIO:.0f}% of the device time: {over}"
 
-    def measure(fn, n=20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        host = 0.0
-        torch.cuda._sleep(50_000_000)  # keep the GPU busy so enqueue time is host time alone
-        start.record()
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            host += time.perf_counter() - t0
-        end.record()
-        torch.cuda.synchronize()
-        return host / n * 1e3, start.elapsed_time(end) / n
 
-    fwd_host, fwd_dev = measure(lambda: attention.forward(q, k, v, meta, return_softmax_lse=True))
-    bwd_host, bwd_dev = measure(lambda: attention.backward(q, k, v, dout, out, lse, meta))
-    print(
-        f"\n12K-query rank, recent16: forward host {fwd_host:.3f} ms / device {fwd_dev:.3f} ms "
-        f"({100 * fwd_host / fwd_dev:.1f}%), backward host {bwd_host:.3f} ms / device "
-        f"{bwd_dev:.3f} ms ({100 * bwd_host / bwd_dev:.1f}%)"
-    )
-    assert fwd_host < 0.5 * fwd_dev and bwd_host < 0.5 * bwd_dev
+def test_eager_fast_path_equals_the_custom_ops(monkeypatch):
+    """The fast path (msa_torch._eager) and the custom ops launch the same kernels on the same
+    buffers' contents: outputs, explicit and autograd gradients bitwise equal (deterministic
+    backward; the sm_90a one by the strict tolerances, its dQ is reduced in arrival order)."""
+    from msa_torch import _eager
+
+    lay = ref.FRAGMENTS
+    case = Case(lay, ref.random_topk(lay, seed=14, empty_fraction=0.02), seed=15)
+    meta = case.prepare()
+
+    def run():
+        out, lse = attention.forward(case.q, case.k, case.v, meta, return_softmax_lse=True)
+        det = attention.backward(case.q, case.k, case.v, case.dout, out, lse, meta,
+                                 deterministic=True)
+        fast = attention.backward(case.q, case.k, case.v, case.dout, out, lse, meta)
+        q, k, v = (x.clone().requires_grad_() for x in (case.q, case.k, case.v))
+        o = attention.forward(q, k, v, meta, deterministic=True)
+        auto = torch.autograd.grad(o, (q, k, v), case.dout)
+        return out, lse, det, fast, o.detach(), auto
+
+    calls = []
+    real = _eager.launch_forward
+    monkeypatch.setattr(_eager, "launch_forward", lambda *a: calls.append(1) or real(*a))
+    on = run()
+    assert calls, "the eager calls took the fast path"
+    monkeypatch.setattr(_eager, "enabled", False)
+    calls.clear()
+    off = run()
+    assert not calls, "enabled = False routes every call through the custom ops"
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+    for a, b in zip(on[2], off[2]):
+        assert torch.equal(a, b)
+    _check_grads([a.float() for a in on[3]], [b.float() for b in off[3]], (STRICT,))
+    assert torch.equal(on[4], off[4])
+    for a, b in zip(on[5], off[5]):
+        assert torch.equal(a, b)
+    for a, b in zip(on[5], on[2]):
+        assert torch.equal(a, b), "autograd runs the explicit deterministic backward"

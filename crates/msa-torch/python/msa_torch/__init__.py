@@ -14,7 +14,9 @@ newer through the portable kernels).
 
 Every op is a ``torch.library.custom_op`` (namespace ``msa_torch``) with a fake impl, so
 ``torch.compile(fullgraph=True)`` traces it, and launches on ``torch.cuda.current_stream()``
-with outputs and workspaces from torch's caching allocator. ``msa_torch.compat
+with outputs and workspaces from torch's caching allocator. Plain eager calls of
+``attention.forward`` / ``attention.backward`` skip the dispatcher (same checks, same launches;
+:mod:`msa_torch._eager`). ``msa_torch.compat
 .install_msa_v1_alias()`` makes ``import msa_v1`` resolve here (opt-in, never over a real
 ``msa_v1``). The package imports without a GPU or without its compiled extension;
 :func:`unavailable_reason` says why the kernels cannot run.

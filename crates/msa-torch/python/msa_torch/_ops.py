@@ -96,8 +96,20 @@ def _key(total_q, total_k, batch, total_rows, max_seqlen_k, has_fragments, devic
     )
 
 
+# torch's own accessor of the current raw stream (what inductor's generated code calls); the
+# public ``current_stream`` builds a Stream object on every call.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def raw_stream(index: int) -> int:
+    """The current stream of CUDA device ``index`` as an integer ``cudaStream_t``."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 def _stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    return raw_stream(_device._index(device))
 
 
 def _prepare_shapes(s: dict) -> list[tuple[int, ...]]:

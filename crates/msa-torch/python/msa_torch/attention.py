@@ -22,6 +22,7 @@ Differences, all explicit:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -29,7 +30,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _device, _ops
+from . import _device, _eager, _ops
 
 __all__ = ["AttentionMetadata", "backward", "forward", "prepare"]
 
@@ -143,6 +144,11 @@ class AttentionMetadata:
     def op_ints(self) -> tuple[int, int, bool]:
         """``(total_rows, max_seqlen_k, has_fragments)`` as the ops take them."""
         return self.total_rows, self.max_seqlen_k, self.fragment_indices is not None
+
+    @functools.cached_property
+    def _eager_call(self) -> _eager.Call:
+        # What the eager fast path derives from the shapes once (msa_torch._eager).
+        return _eager.Call(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,7 +441,8 @@ def forward(
     ``deterministic`` selects the bitwise-repeatable backward (the forward is deterministic
     either way)."""
     op = "attention.forward"
-    _check_scale(op, "softmax_scale", softmax_scale)
+    if softmax_scale is not None:
+        _check_scale(op, "softmax_scale", softmax_scale)
     if return_temperature_lse:
         raise NotImplementedError(
             f"msa_torch.{op}: return_temperature_lse=True is not implemented by msa-rs"
@@ -450,8 +457,13 @@ def forward(
             f"msa_torch.{op}: partial_dtype={partial_dtype} is not implemented: msa-rs's "
             "forward is one pass with no partials (torch.bfloat16 accepted)"
         )
-    _check_p_mode(op, sparse_attn_p_mode)
+    if sparse_attn_p_mode != "":
+        _check_p_mode(op, sparse_attn_p_mode)
     _check_metadata(op, metadata)
+    fast = _eager.forward(q, k, v, metadata, bool(deterministic), bool(_ops.force_sm80))
+    if fast is not None:
+        out, lse = fast
+        return (out, lse) if return_softmax_lse else out
     _check_qkv(op, q, k, v, metadata)
     _device.check_cuda(op, q=q, k=k, v=v, topk_indices=metadata.topk_indices)
     out, lse = _ops.attention_fwd(
@@ -483,13 +495,20 @@ def backward(
     ``[total_q, 64]``). Keys no query selected get exact zeros. ``deterministic=True`` runs the
     bitwise-repeatable kernels (ordered accumulation)."""
     op = "attention.backward"
-    _check_scale(op, "softmax_scale", softmax_scale)
-    _check_p_mode(op, sparse_attn_p_mode)
+    if softmax_scale is not None:
+        _check_scale(op, "softmax_scale", softmax_scale)
+    if sparse_attn_p_mode != "":
+        _check_p_mode(op, sparse_attn_p_mode)
     if q_fp8 is not None or k_fp8 is not None:
         raise NotImplementedError(
             f"msa_torch.{op}: q_fp8 / k_fp8 (FP8 inputs) are not implemented by msa-rs"
         )
     _check_metadata(op, metadata)
+    fast = _eager.backward(
+        q, k, v, dout, out, lse, metadata, bool(deterministic), bool(_ops.force_sm80)
+    )
+    if fast is not None:
+        return fast
     _check_qkv(op, q, k, v, metadata)
     t = metadata.total_q
     _bf16_tensor(op, "dout", dout, (t, _ops.Q_HEADS, _ops.HEAD_DIM))
