@@ -674,7 +674,12 @@ def test_host_overhead_on_a_12k_query_rank():
     }
     print("\n12K-query rank, recent16 (host = wall time of enqueueing, GPU kept busy):")
     print(host_overhead.report(results))
-    over = [n for n, (host, dev) in results.items() if host > HOST_RATIO * dev]
+    # The autograd backward's host time less the engine's floor (a no-op Function's backward on
+    # the same tensors) is msa_torch's share; both are printed above.
+    floor = results.pop(host_overhead.ENGINE_FLOOR)[0]
+    own = {n: (h - floor if n == "backward (autograd)" else h, d) for n, (h, d) in results.items()}
+    print(f"  autograd backward less the engine floor: {own['backward (autograd)'][0]:.4f} ms/call")
+    over = [n for n, (host, dev) in own.items() if host > HOST_RATIO * dev]
     assert not over, f"host time over {100 * HOST_RATIO:.0f}% of the device time: {over}"
 
 
