@@ -388,6 +388,109 @@ fn kl_backward(
     })
 }
 
+// NeMo's backward-schedule helpers (`msa_torch.nemo`): the msa-plan mirrors themselves, so the
+// Python names return exactly what the planner and the task-build kernels use.
+
+fn plan_err(e: msa_plan::PlanError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// `rows_per_cta(num_rows)`: the CTA walk length (msa-plan `backward::rows_per_cta`).
+#[pyfunction]
+fn rows_per_cta(num_rows: usize) -> usize {
+    msa_plan::backward::rows_per_cta(num_rows)
+}
+
+/// `chunk_map(num_rows, rows_per_cta, num_sms) -> (num_full_ctas, tail_rows, grid_ctas)`;
+/// `ValueError` for a zero `rows_per_cta` or `num_sms` (the Rust mirror asserts them).
+#[pyfunction]
+fn chunk_map(
+    num_rows: usize,
+    rows_per_cta: usize,
+    num_sms: usize,
+) -> PyResult<(usize, usize, usize)> {
+    if rows_per_cta == 0 || num_sms == 0 {
+        return Err(PyValueError::new_err(format!(
+            "chunk_map needs rows_per_cta > 0 and num_sms > 0, got rows_per_cta={rows_per_cta}, \
+             num_sms={num_sms}"
+        )));
+    }
+    Ok(msa_plan::backward::chunk_map(
+        num_rows,
+        rows_per_cta,
+        num_sms,
+    ))
+}
+
+/// `grid_launch_bound(capacity, num_sms)`: CTAs that cover every task count up to `capacity`.
+#[pyfunction]
+fn grid_launch_bound(capacity: usize, num_sms: usize) -> usize {
+    msa_plan::backward::grid_launch_bound(capacity, num_sms)
+}
+
+/// `task_build_storage(edge_capacity, work_capacity, num_tokens, workspace_rows) ->
+/// (scratch_words, table_words)`, NeMo's messages for a bad workspace or too many bins.
+#[pyfunction]
+fn task_build_storage(
+    edge_capacity: usize,
+    work_capacity: usize,
+    num_tokens: usize,
+    workspace_rows: usize,
+) -> PyResult<(usize, usize)> {
+    let s = msa_plan::backward::task_build_buffer_sizes(
+        edge_capacity,
+        work_capacity,
+        num_tokens,
+        workspace_rows,
+    )
+    .map_err(plan_err)?;
+    Ok((s.scratch_words, s.table_words))
+}
+
+/// One schedule tensor from Python: flat int32 values and its shape.
+type Part = (Vec<i32>, Vec<usize>);
+
+/// The validated schedule from its six tensors in NeMo's field order (NeMo's shape messages).
+fn schedule(parts: [Part; 6]) -> PyResult<msa_plan::backward::MsaBackwardSchedule> {
+    use msa_plan::backward::{Int32Array, MsaBackwardSchedule, ScheduleParts};
+    let [rp, qi, sm, wc, cu, dws] = parts.map(|(d, s)| Int32Array::new(d, &s));
+    MsaBackwardSchedule::new(ScheduleParts {
+        row_ptr: rp,
+        q_indices: qi,
+        scheduler_metadata: sm,
+        work_count: wc,
+        cu_seqlens: cu,
+        document_workspace_starts: dws,
+        query_offsets: None,
+    })
+    .map_err(plan_err)
+}
+
+/// `check_backward_schedule(parts)`: `ValueError` with NeMo's message for a bad shape.
+#[pyfunction]
+fn check_backward_schedule(parts: [Part; 6]) -> PyResult<()> {
+    schedule(parts).map(|_| ())
+}
+
+/// `build_backward_tasks(parts, num_tokens, workspace_rows, num_sms) -> (scratch, tables,
+/// grid_launch)`: the four task-build stages of msa-plan's host mirror, as the buffers' words.
+#[pyfunction]
+fn build_backward_tasks(
+    py: Python<'_>,
+    parts: [Part; 6],
+    num_tokens: usize,
+    workspace_rows: usize,
+    num_sms: usize,
+) -> PyResult<(Vec<i32>, Vec<i32>, usize)> {
+    let s = schedule(parts)?;
+    let t = py
+        .detach(|| {
+            msa_plan::backward::build_backward_tasks(&s, num_tokens, workspace_rows, num_sms)
+        })
+        .map_err(plan_err)?;
+    Ok((t.scratch_image(), t.table_image(), t.grid_launch))
+}
+
 #[pymodule]
 #[pyo3(name = "_C")]
 fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -412,5 +515,11 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer_forward, m)?)?;
     m.add_function(wrap_pyfunction!(selection_lse, m)?)?;
     m.add_function(wrap_pyfunction!(kl_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_per_cta, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk_map, m)?)?;
+    m.add_function(wrap_pyfunction!(grid_launch_bound, m)?)?;
+    m.add_function(wrap_pyfunction!(task_build_storage, m)?)?;
+    m.add_function(wrap_pyfunction!(check_backward_schedule, m)?)?;
+    m.add_function(wrap_pyfunction!(build_backward_tasks, m)?)?;
     Ok(())
 }

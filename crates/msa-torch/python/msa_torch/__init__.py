@@ -29,6 +29,7 @@ from ._device import UnsupportedDeviceError, unavailable_reason
 from ._ext import ExtensionUnavailableError, TopKError
 from . import attention, indexer, indexer_tree, kl  # noqa: E402
 from . import cp  # noqa: E402  (context parallelism; not part of msa_v1's __all__)
+from . import nemo  # noqa: E402  (NeMo AutoModel's kernels surface; not part of msa_v1's)
 
 __all__ = ["attention", "indexer", "indexer_tree", "kl"]
 
