@@ -128,7 +128,7 @@ pub trait Executor<'a> {
 }
 
 /// `f` as `stage`, timed until the executor has finished it.
-pub(crate) fn timed<'a, E: Executor<'a>, T>(
+fn timed<'a, E: Executor<'a>, T>(
     e: &E,
     times: &mut Vec<StageTime>,
     stage: Stage,
@@ -146,14 +146,84 @@ pub(crate) fn timed<'a, E: Executor<'a>, T>(
 
 /// The whole call on `e`: what `msa run`, `msa attention` and the GPU suite execute.
 pub fn run<'a, E: Executor<'a>>(e: &E, p: &'a CallInputs, opts: &RunOptions) -> Result<RunResult> {
+    let host = CallHost {
+        layout: &p.layout,
+        q: &p.q,
+        topk: &p.topk_indices,
+        dout: p.dout.as_deref(),
+        qi: p.index.as_ref().map(|i| i.qi.as_slice()),
+    };
+    let keys = || {
+        let ki = p.index.as_ref().map(|i| e.upload(&i.ki)).transpose()?;
+        Ok((e.upload(&p.k)?, e.upload(&p.v)?, ki))
+    };
+    let backward = |meta: &E::Metadata,
+                    attn: &Attention<'_, E::Bf16>,
+                    dout: &E::Bf16,
+                    out: &E::Bf16,
+                    lse: &E::F32| {
+        let [dq, dk, dv] = e.backward(meta, attn, dout, out, lse, opts.deterministic)?;
+        Ok((dq, dk, dv))
+    };
+    let kl =
+        |meta: &E::Metadata,
+         attn: &Attention<'_, E::Bf16>,
+         index: &Index<'_, E::Bf16>,
+         lse: &E::F32,
+         ilse: &E::F32| { e.kl_backward(meta, attn, index, lse, ilse, opts.loss_coeff) };
+    let mut c = call(e, host, opts, keys, backward, kl)?;
+    let o = &mut c.result.outputs;
+    o.dk = c.dk.map(|x| e.download_bf16(x)).transpose()?;
+    o.dv = c.dv.map(|x| e.download_bf16(x)).transpose()?;
+    o.dki = c.dki.map(|x| e.download_bf16(x)).transpose()?;
+    Ok(c.result)
+}
+
+/// The host inputs of [`call`] other than the key tensors.
+pub(crate) struct CallHost<'a> {
+    pub layout: &'a VarlenLayout,
+    pub q: &'a [bf16],
+    pub topk: &'a [i32],
+    pub dout: Option<&'a [bf16]>,
+    pub qi: Option<&'a [bf16]>,
+}
+
+/// A call's outputs (key gradients left out) and its key gradients as the stages left them.
+pub(crate) struct Called<G> {
+    pub result: RunResult,
+    pub dk: Option<G>,
+    pub dv: Option<G>,
+    pub dki: Option<G>,
+}
+
+/// The call sequence, written once: `keys` brings k, v (and ki, when the call has an index) to
+/// the device inside the upload stage, `backward` and `kl` run those stages and say what their
+/// key gradients are. [`run`] uploads the keys and downloads their gradients rounded; a CP rank
+/// builds them from all-gathered rows and keeps the gradients unrounded
+/// (`crate::cp::rank_call`).
+pub(crate) fn call<'a, E: Executor<'a>, G>(
+    e: &E,
+    host: CallHost<'a>,
+    opts: &RunOptions,
+    keys: impl FnOnce() -> Result<(E::Bf16, E::Bf16, Option<E::Bf16>)>,
+    backward: impl FnOnce(
+        &E::Metadata,
+        &Attention<'_, E::Bf16>,
+        &E::Bf16,
+        &E::Bf16,
+        &E::F32,
+    ) -> Result<(E::Bf16, G, G)>,
+    kl: impl FnOnce(
+        &E::Metadata,
+        &Attention<'_, E::Bf16>,
+        &Index<'_, E::Bf16>,
+        &E::F32,
+        &E::F32,
+    ) -> Result<(E::Bf16, G)>,
+) -> Result<Called<G>> {
     let mut times = Vec::new();
-    let (layout, q, k, v) = timed(e, &mut times, Stage::Upload, || {
-        Ok((
-            e.layout(&p.layout)?,
-            e.upload(&p.q)?,
-            e.upload(&p.k)?,
-            e.upload(&p.v)?,
-        ))
+    let (layout, q, (k, v, ki)) = timed(e, &mut times, Stage::Upload, || {
+        Ok((e.layout(host.layout)?, e.upload(host.q)?, keys()?))
     })?;
     let attn = Attention {
         q: &q,
@@ -161,28 +231,28 @@ pub fn run<'a, E: Executor<'a>>(e: &E, p: &'a CallInputs, opts: &RunOptions) -> 
         v: &v,
     };
     let meta = timed(e, &mut times, Stage::Prepare, || {
-        e.prepare(&layout, &p.topk_indices)
+        e.prepare(&layout, host.topk)
     })?;
     let (out, lse) = timed(e, &mut times, Stage::Forward, || e.forward(&meta, &attn))?;
     let mut o = Outputs::default();
-    if let (true, Some(dout)) = (opts.backward, &p.dout) {
+    let (mut dk, mut dv, mut dki) = (None, None, None);
+    if let (true, Some(dout)) = (opts.backward, host.dout) {
         let dout = e.upload(dout)?;
         let stage = if opts.deterministic {
             Stage::BackwardDeterministic
         } else {
             Stage::Backward
         };
-        let [dq, dk, dv] = timed(e, &mut times, stage, || {
-            e.backward(&meta, &attn, &dout, &out, &lse, opts.deterministic)
+        let (dq, gk, gv) = timed(e, &mut times, stage, || {
+            backward(&meta, &attn, &dout, &out, &lse)
         })?;
         o.dq = Some(e.download_bf16(dq)?);
-        o.dk = Some(e.download_bf16(dk)?);
-        o.dv = Some(e.download_bf16(dv)?);
+        (dk, dv) = (Some(gk), Some(gv));
     }
     let mut kl_indexer_lse = None;
-    if let Some(host) = &p.index {
-        let (qi, ki) = (e.upload(&host.qi)?, e.upload(&host.ki)?);
-        let index = Index { qi: &qi, ki: &ki };
+    if let (Some(qi), Some(ki)) = (host.qi, &ki) {
+        let qi = e.upload(qi)?;
+        let index = Index { qi: &qi, ki };
         if opts.indexer {
             let (topk, ilse) = timed(e, &mut times, Stage::Indexer, || e.indexer(&layout, &index))?;
             o.indexer_topk = Some(e.download_i32(topk)?);
@@ -192,19 +262,24 @@ pub fn run<'a, E: Executor<'a>>(e: &E, p: &'a CallInputs, opts: &RunOptions) -> 
             let ilse = timed(e, &mut times, Stage::SelectionLse, || {
                 e.selection_lse(&meta, &index)
             })?;
-            let (dqi, dki) = timed(e, &mut times, Stage::Kl, || {
-                e.kl_backward(&meta, &attn, &index, &lse, &ilse, opts.loss_coeff)
+            let (dqi, gki) = timed(e, &mut times, Stage::Kl, || {
+                kl(&meta, &attn, &index, &lse, &ilse)
             })?;
             o.dqi = Some(e.download_bf16(dqi)?);
-            o.dki = Some(e.download_bf16(dki)?);
+            dki = Some(gki);
             kl_indexer_lse = Some(e.download_f32(ilse)?);
         }
     }
     o.out = Some(e.download_bf16(out)?);
     o.lse = Some(e.download_f32(lse)?);
-    Ok(RunResult {
-        outputs: o,
-        times,
-        kl_indexer_lse,
+    Ok(Called {
+        result: RunResult {
+            outputs: o,
+            times,
+            kl_indexer_lse,
+        },
+        dk,
+        dv,
+        dki,
     })
 }

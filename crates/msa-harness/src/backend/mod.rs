@@ -12,7 +12,7 @@ mod executor;
 pub use cpu::CpuReference;
 #[cfg(feature = "msa")]
 pub use cuda::gpu_reference;
-pub(crate) use executor::timed;
+pub(crate) use executor::{call, CallHost};
 pub use executor::{run, Attention, Executor, Index, RunOptions, RunResult, StageTime};
 
 use crate::error::Result;

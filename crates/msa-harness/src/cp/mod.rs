@@ -28,10 +28,9 @@ use serde::Serialize;
 
 pub use sequential::run_sequential;
 
-use crate::backend::{timed, Attention, Executor, Index, RunOptions, StageTime};
+use crate::backend::{call, Attention, CallHost, Executor, Index, RunOptions, StageTime};
 use crate::error::{HarnessError, Result};
 use crate::io::{CallInputs, IndexTensors, Outputs};
-use crate::Stage;
 
 /// Row widths of the tensors a rank moves.
 const Q_ROW: usize = NUM_Q_HEADS * HEAD_DIM;
@@ -258,70 +257,42 @@ pub fn rank_call<'a, E: RankExecutor<'a>>(
     e.synchronize()?;
     let kv_build_ms = ms_since(t0);
 
-    let mut times = Vec::new();
-    let (layout, q) = timed(e, &mut times, Stage::Upload, || {
-        Ok((e.layout(&r.layout)?, e.upload(&r.q)?))
-    })?;
-    let attn = Attention {
-        q: &q,
-        k: &k,
-        v: &v,
+    let host = CallHost {
+        layout: &r.layout,
+        q: &r.q,
+        topk: &r.topk,
+        dout: r.dout.as_deref(),
+        qi: r.index.as_ref().map(|i| i.qi.as_slice()),
     };
-    let meta = timed(e, &mut times, Stage::Prepare, || {
-        e.prepare(&layout, &r.topk)
-    })?;
-    let (out, lse) = timed(e, &mut times, Stage::Forward, || e.forward(&meta, &attn))?;
-    let mut o = Outputs::default();
-    let mut key_grads = Vec::new();
-    let (mut dk, mut dv, mut dki) = (None, None, None);
-    if let (true, Some(dout)) = (opts.backward, &r.dout) {
-        let dout = e.upload(dout)?;
-        let stage = if opts.deterministic {
-            Stage::BackwardDeterministic
-        } else {
-            Stage::Backward
-        };
-        let (dq, gk, gv) = timed(e, &mut times, stage, || {
-            e.backward_keys(&meta, &attn, &dout, &out, &lse, opts.deterministic)
-        })?;
-        o.dq = Some(e.download_bf16(dq)?);
-        key_grads.push((&mut dk, gk));
-        key_grads.push((&mut dv, gv));
-    }
-    if let (Some(host), Some(ki)) = (&r.index, &ki) {
-        let qi = e.upload(&host.qi)?;
-        let index = Index { qi: &qi, ki };
-        if opts.indexer {
-            let (topk, ilse) = timed(e, &mut times, Stage::Indexer, || e.indexer(&layout, &index))?;
-            o.indexer_topk = Some(e.download_i32(topk)?);
-            o.indexer_lse = Some(e.download_f32(ilse)?);
-        }
-        if opts.kl {
-            let ilse = timed(e, &mut times, Stage::SelectionLse, || {
-                e.selection_lse(&meta, &index)
-            })?;
-            // The KL loss is a mean over a call's queries (`loss_coeff / (4·T)`, T local): a
-            // rank's share of the pack's mean is `loss_coeff · T_r / T`, so that the ranks' dki
-            // sum to the single call's (exactly so for a power-of-two CP size).
-            let share = opts.loss_coeff * r.layout.total_q() as f32 / plan.total_tokens() as f32;
-            let (dqi, gki) = timed(e, &mut times, Stage::Kl, || {
-                e.kl_backward_keys(&meta, &attn, &index, &lse, &ilse, share)
-            })?;
-            o.dqi = Some(e.download_bf16(dqi)?);
-            key_grads.push((&mut dki, gki));
-        }
-    }
+    let backward =
+        |meta: &E::Metadata,
+         attn: &Attention<'_, E::Bf16>,
+         dout: &E::Bf16,
+         out: &E::Bf16,
+         lse: &E::F32| { e.backward_keys(meta, attn, dout, out, lse, opts.deterministic) };
+    // The KL loss is a mean over a call's queries (`loss_coeff / (4·T)`, T local): a rank's
+    // share of the pack's mean is `loss_coeff · T_r / T`, so that the ranks' dki sum to the
+    // single call's (exactly so for a power-of-two CP size).
+    let share = opts.loss_coeff * r.layout.total_q() as f32 / plan.total_tokens() as f32;
+    let kl =
+        |meta: &E::Metadata,
+         attn: &Attention<'_, E::Bf16>,
+         index: &Index<'_, E::Bf16>,
+         lse: &E::F32,
+         ilse: &E::F32| { e.kl_backward_keys(meta, attn, index, lse, ilse, share) };
+    let c = call(e, host, opts, || Ok((k, v, ki)), backward, kl)?;
     let t0 = Instant::now();
-    for (slot, g) in key_grads {
-        *slot = Some(e.key_grad_f32(g)?);
-    }
+    let f32s = |g: Option<E::KeyGrad>| g.map(|g| e.key_grad_f32(g)).transpose();
+    let keys = KeyGrads {
+        dk: f32s(c.dk)?,
+        dv: f32s(c.dv)?,
+        dki: f32s(c.dki)?,
+    };
     let key_staging_ms = ms_since(t0);
-    o.out = Some(e.download_bf16(out)?);
-    o.lse = Some(e.download_f32(lse)?);
     Ok(RankResult {
-        outputs: o,
-        keys: KeyGrads { dk, dv, dki },
-        times,
+        outputs: c.result.outputs,
+        keys,
+        times: c.result.times,
         kv_build_ms,
         key_staging_ms,
     })
