@@ -10,6 +10,21 @@ use super::{CudaMsa, Metadata, Views};
 use crate::error::Result;
 use crate::raw;
 
+/// Views of q `[T, 64, 128]`, k, v `[Tk, 4, 128]` whose guards `g` holds.
+pub(super) fn attention_views<'v>(
+    g: &mut Views<'v>,
+    q: &'v CudaSlice<bf16>,
+    k: &'v CudaSlice<bf16>,
+    v: &'v CudaSlice<bf16>,
+    s: &raw::Sizes,
+) -> Result<raw::AttentionInputs> {
+    Ok(raw::AttentionInputs {
+        q: g.read("q", q, s.queries)?,
+        k: g.read("k", k, s.keys)?,
+        v: g.read("v", v, s.keys)?,
+    })
+}
+
 /// Forward outputs: `out` bf16 `[T, 64, 128]`, `lse` f32 `[T, 64]` (natural log).
 pub struct DeviceForward {
     pub out: CudaSlice<bf16>,
@@ -60,11 +75,7 @@ impl CudaMsa {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
             let m = meta.views(&mut g)?;
-            let inputs = raw::AttentionInputs {
-                q: g.read("q", q, s.queries)?,
-                k: g.read("k", k, s.keys)?,
-                v: g.read("v", v, s.keys)?,
-            };
+            let inputs = attention_views(&mut g, q, k, v, s)?;
             let mut outputs = raw::ForwardOutputs {
                 out: g.write("out", &mut out, s.queries)?,
                 lse: g.write("lse", &mut lse, s.query_heads)?,

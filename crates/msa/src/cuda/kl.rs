@@ -21,6 +21,23 @@ pub struct KlInputs<'a> {
     pub indexer_lse: &'a CudaSlice<f32>,
 }
 
+impl<'a> KlInputs<'a> {
+    /// Views of every input whose guards `g` holds.
+    pub(super) fn views<'v>(&self, g: &mut Views<'v>, s: &raw::Sizes) -> Result<raw::KlInputs>
+    where
+        'a: 'v,
+    {
+        Ok(raw::KlInputs {
+            q: g.read("q", self.q, s.queries)?,
+            k: g.read("k", self.k, s.keys)?,
+            teacher_lse: g.read("teacher_lse", self.teacher_lse, s.query_heads)?,
+            qi: g.read("qi", self.qi, s.index_queries)?,
+            ki: g.read("ki", self.ki, s.index_keys)?,
+            indexer_lse: g.read("indexer_lse", self.indexer_lse, s.index_lse)?,
+        })
+    }
+}
+
 impl CudaMsa {
     /// The KL backward (docs/contract.md §3.2) of the selection `metadata` was built from: `(dqi,
     /// dki)`, bf16 `[T, 4, 128]` and `[Tk, 1, 128]`, every element written (keys in no token set
@@ -42,14 +59,7 @@ impl CudaMsa {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
             let m = metadata.views(&mut g)?;
-            let raw_inputs = raw::KlInputs {
-                q: g.read("q", inputs.q, s.queries)?,
-                k: g.read("k", inputs.k, s.keys)?,
-                teacher_lse: g.read("teacher_lse", inputs.teacher_lse, s.query_heads)?,
-                qi: g.read("qi", inputs.qi, s.index_queries)?,
-                ki: g.read("ki", inputs.ki, s.index_keys)?,
-                indexer_lse: g.read("indexer_lse", inputs.indexer_lse, s.index_lse)?,
-            };
+            let raw_inputs = inputs.views(&mut g, s)?;
             let mut dqi_v = g.write("dqi", &mut dqi, s.index_queries)?;
             let mut dki_v = g.write("dki", &mut dki, s.index_keys)?;
             let ws = g.workspace("KL workspace", &mut workspace)?;

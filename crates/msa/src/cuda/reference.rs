@@ -8,6 +8,7 @@
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
+use super::attention::attention_views;
 use super::{CudaMsa, DeviceLayout, KlInputs, Views};
 use crate::error::Result;
 use crate::raw;
@@ -44,9 +45,7 @@ impl CudaMsa {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
             let inputs = raw::ReferenceInputs {
-                q: g.read("q", q, s.queries)?,
-                k: g.read("k", k, s.keys)?,
-                v: g.read("v", v, s.keys)?,
+                attention: attention_views(&mut g, q, k, v, s)?,
                 topk: g.read("topk_indices", topk, s.selection)?,
             };
             let mut o = g.write("reference out", &mut out, s.queries)?;
@@ -84,9 +83,7 @@ impl CudaMsa {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
             let inputs = raw::ReferenceInputs {
-                q: g.read("q", q, s.queries)?,
-                k: g.read("k", k, s.keys)?,
-                v: g.read("v", v, s.keys)?,
+                attention: attention_views(&mut g, q, k, v, s)?,
                 topk: g.read("topk_indices", topk, s.selection)?,
             };
             let extra = raw::ReferenceBackwardInputs {
@@ -125,12 +122,7 @@ impl CudaMsa {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
             let ins = raw::ReferenceKlInputs {
-                q: g.read("q", inputs.q, s.queries)?,
-                k: g.read("k", inputs.k, s.keys)?,
-                teacher_lse: g.read("teacher_lse", inputs.teacher_lse, s.query_heads)?,
-                qi: g.read("qi", inputs.qi, s.index_queries)?,
-                ki: g.read("ki", inputs.ki, s.index_keys)?,
-                indexer_lse: g.read("indexer_lse", inputs.indexer_lse, s.index_lse)?,
+                kl: inputs.views(&mut g, s)?,
                 topk: g.read("topk_indices", topk, s.selection)?,
             };
             let mut q = g.write("reference dqi", &mut dqi, s.index_queries)?;

@@ -27,7 +27,7 @@ pub struct AttentionInputs {
 }
 
 impl AttentionInputs {
-    fn check(&self, shape: &CallShape) -> Result<()> {
+    pub(super) fn check(&self, shape: &CallShape) -> Result<()> {
         let s = shape.sizes();
         check::tensor("q", &self.q, s.queries, "[T, 64, 128]")?;
         check::tensor("k", &self.k, s.keys, "[Tk, 4, 128]")?;

@@ -24,6 +24,18 @@ pub struct KlInputs {
     pub indexer_lse: DevSlice<f32>,
 }
 
+impl KlInputs {
+    pub(super) fn check(&self, shape: &CallShape) -> Result<()> {
+        let s = shape.sizes();
+        check::tensor("q", &self.q, s.queries, "[T, 64, 128]")?;
+        check::tensor("k", &self.k, s.keys, "[Tk, 4, 128]")?;
+        check::tensor("teacher_lse", &self.teacher_lse, s.query_heads, "[T, 64]")?;
+        check::tensor("qi", &self.qi, s.index_queries, "[T, 4, 128]")?;
+        check::tensor("ki", &self.ki, s.index_keys, "[Tk, 1, 128]")?;
+        check::tensor("indexer_lse", &self.indexer_lse, s.index_lse, "[4, T]")
+    }
+}
+
 /// The KL backward (contract §3.2) of `meta`'s selection: `dqi` `[T, 4, 128]` and `dki`
 /// `[Tk, 1, 128]` (bf16), every element written (keys in no token set get exact zeros);
 /// deterministic. `workspace` holds at least
@@ -51,12 +63,7 @@ pub unsafe fn kl_backward(
     let s = shape.sizes();
     layout.check(shape)?;
     meta.check(shape)?;
-    check::tensor("q", &inputs.q, s.queries, "[T, 64, 128]")?;
-    check::tensor("k", &inputs.k, s.keys, "[Tk, 4, 128]")?;
-    check::tensor("teacher_lse", &inputs.teacher_lse, s.query_heads, "[T, 64]")?;
-    check::tensor("qi", &inputs.qi, s.index_queries, "[T, 4, 128]")?;
-    check::tensor("ki", &inputs.ki, s.index_keys, "[Tk, 1, 128]")?;
-    check::tensor("indexer_lse", &inputs.indexer_lse, s.index_lse, "[4, T]")?;
+    inputs.check(shape)?;
     check::output("dqi", dqi, s.index_queries, "[T, 4, 128]")?;
     check::output("dki", dki, s.index_keys, "[Tk, 1, 128]")?;
     check::workspace("KL workspace", &workspace, s.kl_workspace_bytes)?;

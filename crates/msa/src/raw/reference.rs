@@ -9,27 +9,29 @@ use super::check;
 use super::layout::Layout;
 use super::shape::CallShape;
 use super::view::{DevSlice, DevSliceMut, Stream};
+use super::{AttentionInputs, KlInputs};
 use crate::error::Result;
 
-/// The attention's inputs: q `[T, 64, 128]`, k, v `[Tk, 4, 128]` (bf16), topk `[4, T, 16]`.
+/// The attention's inputs and the selection topk `[4, T, 16]` (any entries).
 #[derive(Debug, Clone, Copy)]
 pub struct ReferenceInputs {
-    pub q: DevSlice<bf16>,
-    pub k: DevSlice<bf16>,
-    pub v: DevSlice<bf16>,
+    pub attention: AttentionInputs,
     pub topk: DevSlice<i32>,
 }
 
 fn tensors(shape: &CallShape, i: &ReferenceInputs) -> Result<launch::AttentionTensors> {
-    let s = shape.sizes();
-    check::tensor("q", &i.q, s.queries, "[T, 64, 128]")?;
-    check::tensor("k", &i.k, s.keys, "[Tk, 4, 128]")?;
-    check::tensor("v", &i.v, s.keys, "[Tk, 4, 128]")?;
-    check::tensor("topk_indices", &i.topk, s.selection, "[4, T, 16]")?;
+    i.attention.check(shape)?;
+    check::tensor(
+        "topk_indices",
+        &i.topk,
+        shape.sizes().selection,
+        "[4, T, 16]",
+    )?;
+    let a = &i.attention;
     Ok(launch::AttentionTensors {
-        q: i.q.addr(),
-        k: i.k.addr(),
-        v: i.v.addr(),
+        q: a.q.addr(),
+        k: a.k.addr(),
+        v: a.v.addr(),
         topk: i.topk.addr(),
     })
 }
@@ -121,15 +123,10 @@ pub unsafe fn reference_backward(
     Ok(())
 }
 
-/// The KL inputs of [`reference_kl_backward`] (as [`super::KlInputs`]) and the selection.
+/// The KL inputs of [`reference_kl_backward`] and the selection topk `[4, T, 16]`.
 #[derive(Debug, Clone, Copy)]
 pub struct ReferenceKlInputs {
-    pub q: DevSlice<bf16>,
-    pub k: DevSlice<bf16>,
-    pub teacher_lse: DevSlice<f32>,
-    pub qi: DevSlice<bf16>,
-    pub ki: DevSlice<bf16>,
-    pub indexer_lse: DevSlice<f32>,
+    pub kl: KlInputs,
     pub topk: DevSlice<i32>,
 }
 
@@ -151,22 +148,18 @@ pub unsafe fn reference_kl_backward(
 ) -> Result<()> {
     let s = shape.sizes();
     layout.check(shape)?;
-    check::tensor("q", &inputs.q, s.queries, "[T, 64, 128]")?;
-    check::tensor("k", &inputs.k, s.keys, "[Tk, 4, 128]")?;
-    check::tensor("teacher_lse", &inputs.teacher_lse, s.query_heads, "[T, 64]")?;
-    check::tensor("qi", &inputs.qi, s.index_queries, "[T, 4, 128]")?;
-    check::tensor("ki", &inputs.ki, s.index_keys, "[Tk, 1, 128]")?;
-    check::tensor("indexer_lse", &inputs.indexer_lse, s.index_lse, "[4, T]")?;
+    inputs.kl.check(shape)?;
     check::tensor("topk_indices", &inputs.topk, s.selection, "[4, T, 16]")?;
     check::output("reference dqi", dqi, s.index_queries, "[T, 4, 128]")?;
     check::output("reference dki", dki, s.index_keys, "[Tk, 1, 128]")?;
+    let kl = &inputs.kl;
     let ins = launch::KlInputs {
-        q: inputs.q.addr(),
-        k: inputs.k.addr(),
-        teacher_lse: inputs.teacher_lse.addr(),
-        qi: inputs.qi.addr(),
-        ki: inputs.ki.addr(),
-        indexer_lse: inputs.indexer_lse.addr(),
+        q: kl.q.addr(),
+        k: kl.k.addr(),
+        teacher_lse: kl.teacher_lse.addr(),
+        qi: kl.qi.addr(),
+        ki: kl.ki.addr(),
+        indexer_lse: kl.indexer_lse.addr(),
         topk: inputs.topk.addr(),
     };
     // SAFETY: lengths checked above; the caller's contract covers the rest.
