@@ -171,8 +171,7 @@ impl Call {
             .expect("build_layout");
         }
         d.ctx.bind_to_thread().expect("bind");
-        // SAFETY: the test's context is current on this thread.
-        let prepare_bytes = unsafe { raw::prepare_workspace_bytes(&shape) }.expect("bytes");
+        let prepare_bytes = raw::prepare_workspace_bytes(&shape).expect("bytes");
         let meta_lens = [
             s.error_word,
             s.row_ptr,

@@ -307,12 +307,8 @@ pub unsafe fn build_layout(
 }
 
 /// `raw::prepare_workspace_bytes`.
-///
-/// # Safety
-/// `raw::prepare_workspace_bytes`'s (none today).
-pub unsafe fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
-    // SAFETY: the caller's contract.
-    unsafe { raw::prepare_workspace_bytes(shape) }
+pub fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
+    raw::prepare_workspace_bytes(shape)
 }
 
 /// `raw::prepare` (unchecked): `out` holds prepare's 12 outputs ([`METADATA_NAMES`] after the

@@ -125,11 +125,9 @@ impl PyCallShape {
         Ok(self.inner.sizes().backward_workspace_bytes(p))
     }
 
-    /// Bytes of prepare's scratch. Needs the call's device current (`torch.cuda.device`).
+    /// Bytes of prepare's scratch (host arithmetic).
     fn prepare_workspace_bytes(&self, py: Python<'_>) -> PyResult<usize> {
-        // SAFETY: the Python caller makes the tensors' device current (torch.cuda.device), which
-        // makes its primary context current on this thread.
-        unsafe { calls::prepare_workspace_bytes(&self.inner) }.map_err(|e| to_py(py, e))
+        calls::prepare_workspace_bytes(&self.inner).map_err(|e| to_py(py, e))
     }
 
     fn __repr__(&self) -> String {

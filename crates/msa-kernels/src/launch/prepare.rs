@@ -45,10 +45,7 @@ pub unsafe fn layout(
 
 /// Scratch bytes [`metadata`] needs for `varlen`'s sizes (its pointers are not read): host
 /// arithmetic, no CUDA call.
-///
-/// # Safety
-/// None beyond the FFI call (kept `unsafe` for its callers' stability).
-pub unsafe fn workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
+pub fn workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize, KernelError> {
     let mut bytes = 0usize;
     // SAFETY: the launcher reads only the size fields of `varlen` and writes `bytes`.
     let code = unsafe { sys::msa_prepare_workspace_bytes(varlen, &mut bytes) };

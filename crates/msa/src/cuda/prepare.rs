@@ -229,8 +229,7 @@ impl CudaMsa {
             work_capacity: s.work_capacity,
         };
         self.context().bind_to_thread()?;
-        // SAFETY: the context is current (bound above).
-        let bytes = unsafe { raw::prepare_workspace_bytes(shape)? };
+        let bytes = raw::prepare_workspace_bytes(shape)?;
         let mut workspace = self.scratch(bytes)?;
         let mut v = Views::new(self)?;
         let m = &mut metadata;

@@ -142,13 +142,8 @@ impl PrepareOutputs {
 /// Scratch bytes [`prepare`] needs for `shape`: the selection bitmap with its prefixes and the
 /// row and count arrays (`msa_prepare_workspace_bytes`, the kernel library's own carve, so the
 /// two cannot disagree). Host arithmetic: no CUDA call, no context needed.
-///
-/// # Safety
-/// None today; the function stays `unsafe` (it calls into the kernel library) so that callers
-/// written when the size came from CUB, which needed a current context, keep compiling.
-pub unsafe fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
-    // SAFETY: host arithmetic over size fields only.
-    Ok(unsafe { launch::prepare::workspace_bytes(shape.varlen_sizes())? })
+pub fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
+    Ok(launch::prepare::workspace_bytes(shape.varlen_sizes())?)
 }
 
 /// Validate `topk` (`[4, T, 16]` i32) and build every tensor of `out` from it on `stream`: one
@@ -176,8 +171,7 @@ pub unsafe fn prepare(
     layout.check(shape)?;
     check::tensor("topk_indices", &topk, s.selection, "[4, T, 16]")?;
     out.check(shape)?;
-    // SAFETY: the caller's contract (a current context).
-    let needed = unsafe { prepare_workspace_bytes(shape)? };
+    let needed = prepare_workspace_bytes(shape)?;
     if workspace.len() < needed {
         return Err(MsaError::Tensor {
             name: "prepare workspace",
