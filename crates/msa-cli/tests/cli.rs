@@ -21,38 +21,8 @@ use msa_plan::topology::{
     HEAD_DIM, INDEX_DIM, NUM_INDEX_HEADS, NUM_KV_HEADS, NUM_Q_HEADS, TOPK_BLOCKS,
 };
 
-fn msa(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_msa"))
-        .args(args)
-        .output()
-        .expect("the msa binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Exit code `code`, else a panic showing both streams.
-fn expect_exit(o: &Output, code: i32) {
-    assert_eq!(
-        o.status.code(),
-        Some(code),
-        "stdout:\n{}\nstderr:\n{}",
-        stdout(o),
-        stderr(o)
-    );
-}
-
-/// A fresh path in the target's scratch directory.
-fn tmp(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}"));
-    let _ = std::fs::remove_file(&p);
-    p
-}
+mod common;
+use common::{expect_exit, manifest_line, msa, stderr, stdout, tmp};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -208,27 +178,6 @@ fn bench_names_a_bad_stage_and_needs_the_gpu() {
             stderr(&o)
         );
     }
-}
-
-/// A manifest line in MSA's format, with every metric recomputed here from `cu`.
-fn manifest_line(case_id: u64, cu: &[i32]) -> String {
-    let mut lens: Vec<u64> = cu.windows(2).map(|w| (w[1] - w[0]) as u64).collect();
-    lens.sort_unstable();
-    let n = lens.len();
-    let median = if n % 2 == 1 {
-        lens[n / 2]
-    } else {
-        (lens[n / 2 - 1] + lens[n / 2]) / 2
-    };
-    let metrics = serde_json::json!({
-        "total_tokens": lens.iter().sum::<u64>(),
-        "num_sequences": n,
-        "min_seqlen": lens[0],
-        "median_seqlen": median,
-        "max_seqlen": lens[n - 1],
-        "causal_elements": lens.iter().map(|l| l * (l + 1) / 2).sum::<u64>(),
-    });
-    serde_json::json!({"case_id": case_id, "cu_seqlens": cu, "metrics": metrics}).to_string()
 }
 
 /// One pack of 16·1,024 tokens: documents of a few hundred tokens (none a multiple of 128), so
