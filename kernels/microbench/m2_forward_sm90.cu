@@ -44,10 +44,12 @@ int main(int argc, char** argv) {
         const int tiles = (h.T + 7) / 8;
         int *counts, *wpos;
         int4* entries;
+        int2* run;
         CK(cudaMalloc(&counts, size_t(4) * tiles * 4));
+        CK(cudaMalloc(&run, size_t(4) * tiles * 8));
         CK(cudaMalloc(&wpos, size_t(h.T) * 4));
         CK(cudaMalloc(&entries, size_t(4) * tiles * 128 * 16));
-        msa::fwd90::Params prm{counts, entries, wpos, vl, o, lse, tiles, 128};
+        msa::fwd90::Params prm{run, entries, wpos, vl, o, lse, tiles, 128};
 
         MsaAttnFwdParams v1p{};
         v1p.q = q;
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
         using msa::fwd90::Schedule;
         auto run_f1 = [&](int schedule) {
             msa::tile_union_kernel<<<dim3(tiles, 4), msa::kTileUnionThreads>>>(topk, vl, counts, entries, wpos);
+            msa::tile_order_kernel<<<1, msa::kTileOrderThreads>>>(counts, 4 * tiles, msa::fwd90::forward_grid(4 * tiles, sms),
+                                                                 run);
             CK(cudaGetLastError());
             CK(schedule == 0 ? msa::fwd90::launch_forward<Schedule::kSerial>(q, k, v, prm, sms, nullptr)
                              : msa::fwd90::launch_forward<Schedule::kStream>(q, k, v, prm, sms, nullptr));
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
         CK(cudaFree(lse_ref));
         CK(cudaFree(topk));
         CK(cudaFree(counts));
+        CK(cudaFree(run));
         CK(cudaFree(entries));
         CK(cudaFree(wpos));
     }

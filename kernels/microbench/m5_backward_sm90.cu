@@ -2,9 +2,9 @@
 // v1 deterministic backward (msa_attn_backward_dq + msa_attn_backward_dkv) on the same inputs:
 // every element of dQ, dK, dV compared (relative L2 and cosine), then device-timed medians and
 // useful TFLOP/s (MSA's model: 2.5 x the forward's). The physical CSR and the work items are
-// built on the host; the device item build is checked against the host rule word for word. The
-// timed sm_90a path: zero dQ, item build, zero the split-row slots, the main kernel, the dK/dV
-// finisher and v1's dQ cast (delta excluded, as for v1).
+// built on the host; the device item build (run order included) is checked against the host rule
+// word for word. The timed sm_90a path: zero dQ, item build, zero the split-row slots, the main
+// kernel, the dK/dV finisher and v1's dQ cast (delta excluded, as for v1).
 //
 //   m5_backward_sm90 [iters]
 #include "microbench/common.cuh"
@@ -62,15 +62,24 @@ struct Items {
     int slots = 0;
 };
 
-Items work_items(const HostLayout& h, const PhysCsr& c, int chunk) {
+// The items in the kernel's run order for `grid` CTAs (common/lpt_order.cuh: longest first, ties by
+// id, dealt in a snake).
+Items work_items(const HostLayout& h, const PhysCsr& c, int chunk, int grid) {
     Items w;
+    std::vector<int4> rows;
     w.split_slot.assign(size_t(4) * h.P, -1);
     for (int g = 0; g < 4; ++g)
         for (int pb = 0; pb < h.P; ++pb) {
             const int lo = c.row_ptr[size_t(g) * (h.P + 1) + pb], hi = c.row_ptr[size_t(g) * (h.P + 1) + pb + 1];
             if (hi - lo > chunk) w.split_slot[size_t(g) * h.P + pb] = w.slots++;
-            for (int e = lo; e < hi; e += chunk) w.items.push_back(make_int4(g, pb, e, std::min(hi, e + chunk)));
+            for (int e = lo; e < hi; e += chunk) rows.push_back(make_int4(g, pb, e, std::min(hi, e + chunk)));
         }
+    std::vector<int> ids(rows.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i);
+    auto tiles = [&](int i) { return std::min((rows[i].w - rows[i].z + 3) / 4, msa::kLptBins - 1); };
+    std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return tiles(a) > tiles(b); });
+    w.items.resize(rows.size());
+    for (size_t j = 0; j < ids.size(); ++j) w.items[msa::snake_position(int(j), int(ids.size()), grid)] = rows[ids[j]];
     return w;
 }
 
@@ -124,14 +133,18 @@ int main(int argc, char** argv) {
         fill_random(dout, nq, 14, 1.0f);
         const std::vector<int> topk_h = c.random ? random_selection(h) : recent16(h);
         const PhysCsr csr = phys_csr(h, topk_h);
-        const Items w = work_items(h, csr, msa::kKvItemQueries);
-        const std::vector<int4>& items_h = w.items;
         const int cap = 4 * h.P + (4 * h.T * 16 + msa::kKvItemQueries - 1) / msa::kKvItemQueries;
+        const int grid = msa::bwd90::backward_grid(cap, sms);
+        const Items w = work_items(h, csr, msa::kKvItemQueries, grid);
+        const std::vector<int4>& items_h = w.items;
         const size_t acc = size_t(std::max(4 * h.T * 16 / (msa::kKvItemQueries + 1), 1)) * 2 * 128 * 128;
         CK(cudaMalloc(&dkv_acc, acc * 4));
-        int4* items;
-        int *split_slot, *counts;
+        int4 *items, *rows;
+        int *split_slot, *counts, *order, *position;
         CK(cudaMalloc(&items, size_t(cap) * 16));
+        CK(cudaMalloc(&rows, size_t(cap) * 16));
+        CK(cudaMalloc(&order, size_t(cap) * 4));
+        CK(cudaMalloc(&position, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
         CK(cudaMalloc(&counts, 8));
         int* topk = upload(topk_h);
@@ -139,7 +152,8 @@ int main(int argc, char** argv) {
         int* qidx = upload(csr.q);
         int* valid = upload(csr.valid);
         auto build_items = [&] {
-            msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, items, split_slot, counts);
+            msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, grid, rows, items, order,
+                                                                        position, split_slot, counts);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
@@ -240,7 +254,8 @@ int main(int argc, char** argv) {
                     c.name.c_str(), items_h.size(), t_v1, t_sm90, t_main, useful / t_v1 / 1e9, useful / t_sm90 / 1e9,
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
-                                                    dq_acc, dkv_acc, split_slot, counts, topk, row_ptr, qidx, valid, items})
+                                                    dq_acc, dkv_acc, split_slot, counts, topk, row_ptr, qidx, valid, items,
+                                                    rows, order, position})
             CK(cudaFree(b));
     }
     std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");

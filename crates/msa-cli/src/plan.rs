@@ -6,10 +6,14 @@ use clap::Args as ClapArgs;
 use msa_harness::cases::{self, Work};
 use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
+use msa_plan::backward::kv_items::{build_kv_items, item_tiles, kv_item_capacity};
+use msa_plan::backward::kv_order::backward_grid;
 use msa_plan::backward::{build_backward_tasks, MsaBackwardSchedule};
-use msa_plan::csr::build_k2q_csr;
+use msa_plan::csr::{build_k2q_csr, build_physical_csr};
 use msa_plan::flops::{causal_elements, selected_elements, sparse_elements, FlopModel};
+use msa_plan::lpt::{imbalance, lpt_order};
 use msa_plan::schedule::{balanced_target_q_per_cta, build_work_items, flat_schedule_capacity};
+use msa_plan::tiles::tile_union_sizes;
 use msa_plan::topk::validate_topk;
 
 use crate::select::CaseArgs;
@@ -88,6 +92,11 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
             flops.fwd / 1e12,
             flops.bwd / 1e12
         );
+        let (bwd, fwd) = sm90_balance(layout, &topk, sms)?;
+        eprintln!(
+            "  sm_90a most-loaded CTA / mean, natural order -> run order: forward {:.3} -> {:.3}, backward {:.3} -> {:.3}",
+            fwd.0, fwd.1, bwd.0, bwd.1
+        );
         eprintln!(
             "  S {s} (selected {}), C {}, indexer {:.3} TFLOP, KL {:.3} TFLOP, physical blocks {}, max K {}, walk {:?}",
             selected_elements(layout, &topk)?,
@@ -100,4 +109,35 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sm_90a kernels' balance over their persistent grids: the most-loaded CTA's cost over the
+/// mean when the CTAs stride over the work in natural order, and in the run order the kernels
+/// use (`msa_plan::lpt`); (backward, forward). Costs: an item's tiles plus 2 (its K/V load and
+/// dK/dV store), a forward tile's union size plus 1.
+fn sm90_balance(
+    layout: &msa_plan::VarlenLayout,
+    topk: &[i32],
+    sms: usize,
+) -> Result<((f64, f64), (f64, f64))> {
+    let csr = build_physical_csr(layout, topk)?;
+    let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
+    let items = build_kv_items(&csr, grid);
+    let run: Vec<usize> = (0..items.count)
+        .map(|p| item_tiles((items.items[p * 4 + 3] - items.items[p * 4 + 2]) as usize) + 2)
+        .collect();
+    let mut natural = vec![0; items.count];
+    for (p, &id) in items.order.iter().enumerate() {
+        natural[id as usize] = run[p];
+    }
+    let bwd = (imbalance(&natural, grid), imbalance(&run, grid));
+    let sizes = tile_union_sizes(layout, topk);
+    let fgrid = sizes.len().min(sms).max(1);
+    let natural: Vec<usize> = sizes.iter().map(|&u| u + 1).collect();
+    let run: Vec<usize> = lpt_order(&sizes, fgrid)
+        .into_iter()
+        .map(|i| natural[i])
+        .collect();
+    let fwd = (imbalance(&natural, fgrid), imbalance(&run, fgrid));
+    Ok((bwd, fwd))
 }

@@ -10,6 +10,8 @@
 //! - [`csr`]: the k2q CSR (`row_ptr`, `q_indices`, `qsplit`, `split_counts`) and the physical CSR;
 //! - [`schedule`]: the forward work list (`target_q_per_cta`, capacity, `scheduler_metadata`);
 //! - [`backward`]: `MsaBackwardSchedule`, the CTA walk and the task-build host mirror;
+//! - [`lpt`]: the longest-first order of the persistent sm_90a kernels' work lists;
+//! - [`tiles`]: the sm_90a forward's tiles and their block unions;
 //! - [`flops`]: MSA's FLOP model;
 //! - [`packed`]: NeMo's packed layout of a document-id map.
 
@@ -18,11 +20,13 @@ pub mod csr;
 pub mod error;
 pub mod flops;
 pub mod layout;
+pub mod lpt;
 pub mod packed;
 pub mod peak;
 pub mod schedule;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tiles;
 pub mod topk;
 pub mod topology;
 

@@ -1,28 +1,36 @@
 // Device item build of the sm_90a backward (host mirror: msa_plan::backward::kv_items): every
 // (head, physical block) row of prepare's physical CSR cut into items of at most kKvItemQueries
-// consecutive entries, head-major and blocks ascending; a row cut into several items gets the
-// next dK/dV accumulator slot. One CTA scans the 4 P rows in chunks of its size, so the tables
-// are built without a host round trip (graph-capturable) and equal the mirror word for word.
+// consecutive entries, ids head-major and blocks ascending; a row cut into several items gets the
+// next dK/dV accumulator slot. The main kernel's list is the longest-first run order for its grid
+// (common/lpt_order.cuh). One CTA scans the 4 P rows in chunks of its size, so the tables are
+// built without a host round trip (graph-capturable) and equal the mirror word for word.
 #pragma once
 
 #include <cstdint>
 
 #include "msa/common.h"
 #include "common/constants.cuh"
+#include "common/lpt_order.cuh"
 #include "common/scan.cuh"
 
 namespace msa {
 
 constexpr int kKvItemQueries = 512;
 constexpr int kItemBuildThreads = 1024;
+constexpr int kItemTileQueries = 4;  // CSR entries per tile of the main kernel: an item costs its tiles
 
-// items [capacity, 4] = (head, block, first entry, end entry), rows past the count 0;
-// split_slot [4, P]; counts [2] = (items, slots). Internal linkage, as every header kernel.
+// rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
+// same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each
+// position, position [capacity] = the position of each id; split_slot [4, P]; counts [2] =
+// (items, slots). Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
-    backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int4* __restrict__ items,
-                          int32_t* __restrict__ split_slot, int32_t* __restrict__ counts) {
+    backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int grid,
+                          int4* __restrict__ rows_out, int4* __restrict__ items, int32_t* __restrict__ order,
+                          int32_t* __restrict__ position, int32_t* __restrict__ split_slot,
+                          int32_t* __restrict__ counts) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
+    __shared__ LptSmem<kItemBuildThreads> lpt;
     const int rows = kGroups * blocks;
     int item_base = 0, slot_base = 0;
     for (int chunk = 0; chunk < rows; chunk += kItemBuildThreads) {
@@ -45,12 +53,20 @@ __global__ void __launch_bounds__(kItemBuildThreads)
             split_slot[r] = split ? slot : -1;
             for (int i = 0; i < n; ++i) {
                 const int begin = lo + i * kKvItemQueries;
-                items[at + i] = make_int4(head, block, begin, min(hi, begin + kKvItemQueries));
+                rows_out[at + i] = make_int4(head, block, begin, min(hi, begin + kKvItemQueries));
             }
         }
         item_base += n_total;
         slot_base += s_total;
     }
+    __syncthreads();  // every row of rows_out written (read back below by other threads)
+    lpt_order<kItemBuildThreads>(
+        lpt, item_base, grid, [&](int i) { return (rows_out[i].w - rows_out[i].z + kItemTileQueries - 1) / kItemTileQueries; },
+        [&](int i, int p) {
+            items[p] = rows_out[i];
+            order[p] = i;
+            position[i] = p;
+        });
     for (int i = item_base + threadIdx.x; i < capacity; i += kItemBuildThreads) items[i] = make_int4(0, 0, 0, 0);
     if (threadIdx.x == 0) {
         counts[0] = item_base;

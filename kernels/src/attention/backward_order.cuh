@@ -5,8 +5,9 @@
 // adds, and sets r + 1).
 //
 // The order follows an estimated timeline of the persistent schedule, so that a contribution
-// rarely waits: item I runs on CTA I % G (static striding over G resident CTAs) and starts at
-// start(I) = sum over the earlier items of that CTA of (tiles + kItemOverheadTiles). Every event
+// rarely waits: the item at list position I (the run order of backward_items.cuh) runs on CTA
+// I % G (static striding over G resident CTAs) and starts at start(I) = sum over the earlier
+// items of that CTA of (tiles + kItemOverheadTiles). Every event
 // gets the key (half-tile time, CTA):
 //   the dQ reduction of tile j of item I:  2 (start(I) + j)            * G + I % G,
 //   the dK/dV addition of item I:          (2 (start(I) + tiles) - 1) * G + I % G,
@@ -37,7 +38,7 @@ namespace msa {
 constexpr int kItemOverheadTiles = 2;   // K/V load and dK/dV store of an item, in tile times
 constexpr int kOrderThreads = 256;
 constexpr int kOrderEntryThreads = 512;  // one thread per CSR entry of an item (kKvItemQueries)
-constexpr int kTileQueriesOrder = 4;     // CSR entries per tile of the main kernel
+constexpr int kTileQueriesOrder = kItemTileQueries;
 static_assert(kOrderEntryThreads >= kKvItemQueries, "one thread per entry of an item");
 
 __host__ __device__ inline uint64_t order_key(int64_t half_time, int cta, int grid) {
@@ -82,12 +83,13 @@ __global__ void __launch_bounds__(kOrderThreads)
     }
 }
 
-// Per item (grid-stride, one thread per CSR entry): each entry with a valid query appends the key
-// of its dQ reduction to its (group, query) list (slot by atomic counter: the list is a set, its
-// order never matters); warp 0 ranks the item among its split row's items by dK/dV key.
-// tg_count [4, T] zeroed before; lists [4, T, 16].
+// Per item (grid-stride over positions, one thread per CSR entry): each entry with a valid query
+// appends the key of its dQ reduction to its (group, query) list (slot by atomic counter: the list
+// is a set, its order never matters); warp 0 ranks the item among its split row's items (ids
+// consecutive, positions anywhere) by dK/dV key. tg_count [4, T] zeroed before; lists [4, T, 16].
 __global__ void __launch_bounds__(kOrderEntryThreads)
     backward_order_keys_kernel(const int4* __restrict__ items, const int32_t* __restrict__ counts,
+                               const int32_t* __restrict__ order, const int32_t* __restrict__ position,
                                const int32_t* __restrict__ item_start, const int32_t* __restrict__ phys_row_ptr,
                                const int32_t* __restrict__ phys_q_indices, int total_q, int blocks, int grid,
                                int32_t* __restrict__ tg_count, uint64_t* __restrict__ lists,
@@ -111,12 +113,12 @@ __global__ void __launch_bounds__(kOrderEntryThreads)
         if (threadIdx.x < 32) {
             const int32_t* ptr = phys_row_ptr + static_cast<int64_t>(g) * (blocks + 1) + item.y;
             const int lo = ptr[0], len = ptr[1] - lo;
-            const int first = it - (item.z - lo) / kKvItemQueries;
+            const int first = order[it] - (item.z - lo) / kKvItemQueries;
             const int row_items = (len + kKvItemQueries - 1) / kKvItemQueries;
             const uint64_t mine = dkv_key(item, start, it, grid);
             int below = 0;
             for (int i = static_cast<int>(threadIdx.x); i < row_items; i += 32) {
-                const int other = first + i;
+                const int other = position[first + i];
                 below += other != it && dkv_key(items[other], item_start[other], other, grid) < mine;
             }
             below = __reduce_add_sync(0xffffffffu, below);

@@ -21,7 +21,7 @@ namespace {
 // msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
 // mode adds the order tables (item_start .. dq_rank), zero-filled parts first.
 struct Workspace {
-    size_t dq_accum, items, split_slot, counts, dkv_acc, bytes;
+    size_t dq_accum, items, rows, order, position, split_slot, counts, dkv_acc, bytes;
     size_t tg_count, dq_sem, dkv_sem, item_start, dkv_rank, lists, dq_rank;
     int item_capacity;
 };
@@ -35,7 +35,10 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     const size_t slots = edges / (kKvItemQueries + 1);
     w.dq_accum = 0;
     w.items = align(t * kHeads * kHeadDim * sizeof(float));
-    w.split_slot = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
+    w.rows = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
+    w.order = w.rows + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
+    w.position = w.order + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+    w.split_slot = w.position + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.counts = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
@@ -61,6 +64,8 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
     int4* items = reinterpret_cast<int4*>(base + w.items);
+    int32_t* order = reinterpret_cast<int32_t*>(base + w.order);
+    int32_t* position = reinterpret_cast<int32_t*>(base + w.position);
     int32_t* split_slot = reinterpret_cast<int32_t*>(base + w.split_slot);
     int32_t* counts = reinterpret_cast<int32_t*>(base + w.counts);
     float* dkv_acc = reinterpret_cast<float*>(base + w.dkv_acc);
@@ -68,11 +73,12 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     MSA_TRY(current_device_sms(&sms));
 
     MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
+    const int grid = backward_grid(w.item_capacity, sms);
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
-                   vl.padded_kv_blocks, w.item_capacity, items, split_slot, counts));
+                   vl.padded_kv_blocks, w.item_capacity, grid, reinterpret_cast<int4*>(base + w.rows), items, order,
+                   position, split_slot, counts));
     Params p{};
     if constexpr (kDet) {
-        const int grid = backward_grid(w.item_capacity, sms);
         int32_t* tg_count = reinterpret_cast<int32_t*>(base + w.tg_count);
         int32_t* item_start = reinterpret_cast<int32_t*>(base + w.item_start);
         int32_t* dkv_rank = reinterpret_cast<int32_t*>(base + w.dkv_rank);
@@ -83,6 +89,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
                        static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid, item_start));
         MSA_TRY(launch(backward_order_keys_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
                        static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
+                       static_cast<const int32_t*>(order), static_cast<const int32_t*>(position),
                        static_cast<const int32_t*>(item_start), a.phys_row_ptr, a.phys_q_indices, vl.total_q,
                        vl.padded_kv_blocks, grid, tg_count, lists, dkv_rank));
         MSA_TRY(launch(backward_order_ranks_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,

@@ -16,8 +16,9 @@
 // other's matrix products. !kStream is the serial schedule, kept as the baseline it is measured
 // against.
 //
-// Persistent: gridDim.x CTAs stride over the items in order (group-major, tiles ascending); items
-// whose union exceeds `union_max` are left to the v1 kernel.
+// Persistent: gridDim.x CTAs stride over the items in the longest-first run order of
+// tile_order_kernel (the most-loaded CTA was 1.01-1.10x the mean in natural order on the
+// development ranks); items whose union exceeds `union_max` are left to the v1 kernel.
 #pragma once
 
 #include <cstdint>
@@ -65,7 +66,7 @@ struct Smem {
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
 
 struct Params {
-    const int32_t* counts;  // [4, tiles]
+    const int2* run;        // [4 * tiles]: (item, union size) in run order (tile_order_kernel)
     const int4* entries;    // [4, tiles, 128]
     const int32_t* wpos;    // [T]
     MsaVarlen varlen;
@@ -185,22 +186,26 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][
 __device__ __forceinline__ void turn_wait(int wg) { named_sync(1 + wg, 256); }
 __device__ __forceinline__ void turn_pass(int wg) { named_arrive(1 + (wg ^ 1), 256); }
 
-// The CTA's items in order, with the next item's union size (and one word per query of it)
-// loaded a whole item ahead, so no tile starts on a global-memory round trip.
+// The CTA's items in run order (list positions blockIdx.x + k * gridDim.x), with the next item
+// and its union size loaded a whole item ahead, so no tile starts on a global-memory round trip.
 struct ItemCursor {
-    int item, u, next_u;
+    int pos, item, u;
+    int2 next;
 
-    __device__ __forceinline__ ItemCursor(const Params& p) : item(blockIdx.x) {
+    __device__ __forceinline__ ItemCursor(const Params& p) : pos(blockIdx.x) {
         const int items = kGroups * p.tiles;
-        u = item < items ? p.counts[item] : 0;
-        next_u = item + static_cast<int>(gridDim.x) < items ? p.counts[item + gridDim.x] : 0;
+        const int2 here = pos < items ? p.run[pos] : make_int2(0, 0);
+        item = here.x;
+        u = here.y;
+        next = pos + static_cast<int>(gridDim.x) < items ? p.run[pos + gridDim.x] : make_int2(0, 0);
     }
-    __device__ __forceinline__ bool valid(const Params& p) const { return item < kGroups * p.tiles; }
+    __device__ __forceinline__ bool valid(const Params& p) const { return pos < kGroups * p.tiles; }
     __device__ __forceinline__ void advance(const Params& p) {
-        item += gridDim.x;
-        u = next_u;
-        const int after = item + static_cast<int>(gridDim.x);
-        next_u = after < kGroups * p.tiles ? p.counts[after] : 0;
+        pos += gridDim.x;
+        item = next.x;
+        u = next.y;
+        const int after = pos + static_cast<int>(gridDim.x);
+        next = after < kGroups * p.tiles ? p.run[after] : make_int2(0, 0);
     }
 };
 
@@ -564,9 +569,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The forward's scratch (msa_attn_forward_workspace_bytes): tile-union counts [4, tiles] i32,
-// entries [4, tiles, 128] int4 and query positions [T] i32, each part 256-byte aligned.
+// entries [4, tiles, 128] int4, query positions [T] i32 and the run order [4 * tiles] int2, each
+// part 256-byte aligned.
 struct Workspace {
-    size_t counts, entries, wpos, bytes;
+    size_t counts, entries, wpos, run, bytes;
 };
 
 inline Workspace workspace_layout(int total_q) {
@@ -576,12 +582,16 @@ inline Workspace workspace_layout(int total_q) {
     w.counts = 0;
     w.entries = align(kGroups * tiles * sizeof(int32_t));
     w.wpos = w.entries + align(kGroups * tiles * kUnionMax * sizeof(int4));
-    w.bytes = w.wpos + align(static_cast<size_t>(total_q) * sizeof(int32_t));
+    w.run = w.wpos + align(static_cast<size_t>(total_q) * sizeof(int32_t));
+    w.bytes = w.run + align(kGroups * tiles * sizeof(int2));
     return w;
 }
 
-// Encodes the maps and launches min(items, sms) persistent CTAs. counts/entries/wpos come from
-// tile_union_kernel over the same topk and varlen.
+// Persistent CTAs of the forward for `items` items on `sms` SMs; the run order is made for it.
+inline int forward_grid(int items, int sms) { return items < sms ? items : sms; }
+
+// Encodes the maps and launches forward_grid persistent CTAs. counts/entries/wpos come from
+// tile_union_kernel over the same topk and varlen, run from tile_order_kernel for this grid.
 template <Schedule kSchedule>
 inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int sms,
                                   cudaStream_t stream) {
@@ -603,7 +613,7 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
         MSA_TRY(sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box));
     }
     const int items = kGroups * p.tiles;
-    return launch_smem(forward_kernel<kSchedule>, dim3(items < sms ? items : sms), dim3(kThreads), kSmemBytes, stream,
+    return launch_smem(forward_kernel<kSchedule>, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes, stream,
                        qmap, kmap, vmap, p);
 }
 
@@ -616,9 +626,10 @@ inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     Params p;
-    p.counts = reinterpret_cast<int32_t*>(base + w.counts);
+    int32_t* counts = reinterpret_cast<int32_t*>(base + w.counts);
     p.entries = reinterpret_cast<int4*>(base + w.entries);
     p.wpos = reinterpret_cast<int32_t*>(base + w.wpos);
+    p.run = reinterpret_cast<int2*>(base + w.run);
     p.varlen = vl;
     p.out = a.out;
     p.lse = a.lse;
@@ -627,7 +638,10 @@ inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
     MSA_TRY(launch(tile_union_kernel, dim3(p.tiles, kGroups), dim3(kTileUnionThreads), stream, a.topk, vl,
-                   const_cast<int32_t*>(p.counts), const_cast<int4*>(p.entries), const_cast<int32_t*>(p.wpos)));
+                   counts, const_cast<int4*>(p.entries), const_cast<int32_t*>(p.wpos)));
+    const int items = kGroups * p.tiles;
+    MSA_TRY(launch(tile_order_kernel, dim3(1), dim3(kTileOrderThreads), stream, static_cast<const int32_t*>(counts), items,
+                   forward_grid(items, sms), const_cast<int2*>(p.run)));
     return launch_forward<Schedule::kStream>(a.q, a.k, a.v, p, sms, stream);
 }
 

@@ -17,10 +17,12 @@
 #include "common/constants.cuh"
 #include "common/varlen.cuh"
 #include "attention/block_union.cuh"
+#include "common/lpt_order.cuh"
 
 namespace msa {
 
 constexpr int kTileUnionThreads = kUnionMax;  // one thread per (query, slot) of a tile
+constexpr int kTileOrderThreads = 1024;
 
 // Grid (tiles, 4), 128 threads. Internal linkage: each including translation unit launches its own.
 namespace {
@@ -39,6 +41,16 @@ __global__ void __launch_bounds__(kTileUnionThreads)
         const QueryCoord c = query_coord(varlen, t0 + j);
         wpos[t0 + j] = c.phys_base * kBlock + c.pos;
     }
+}
+
+// One CTA of kTileOrderThreads: run [items] int2 = (item, union size) at each list position of
+// `grid` CTAs, the union size (its count of blocks) as the cost.
+__global__ void __launch_bounds__(kTileOrderThreads)
+    tile_order_kernel(const int32_t* __restrict__ counts, int items, int grid, int2* __restrict__ run) {
+    __shared__ LptSmem<kTileOrderThreads> lpt;
+    lpt_order<kTileOrderThreads>(
+        lpt, items, grid, [&](int i) { return counts[i]; },
+        [&](int i, int pos) { run[pos] = make_int2(i, counts[i]); });
 }
 }  // namespace
 

@@ -1,11 +1,14 @@
 //! Work items of the sm_90a KV-outer backward (kernels/src/attention/backward_sm90.cuh): each row
 //! of the physical CSR (one (head, physical block) pair) cut into items of at most
-//! [`KV_ITEM_QUERIES`] consecutive entries, in head-major, block-ascending order. A row cut into
-//! several items gets a slot of the fp32 dK/dV accumulator (slots numbered in the same order);
-//! a row that fits one item is written in bf16 by that item. The device item build
-//! (`backward_items_kernel`) computes the same tables word for word.
+//! [`KV_ITEM_QUERIES`] consecutive entries; item ids count them in head-major, block-ascending
+//! order. A row cut into several items gets a slot of the fp32 dK/dV accumulator (slots numbered
+//! in the same order); a row that fits one item is written in bf16 by that item. The main kernel
+//! runs the items in the longest-first order of [`crate::lpt`] for its grid (position `p` on CTA
+//! `p % grid`). The device item build (`backward_items_kernel`) computes the same tables word for
+//! word.
 
 use crate::csr::PhysicalCsr;
+use crate::lpt::lpt_order;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
 /// Most CSR entries (selecting queries) one item takes: 128 tiles of 4 queries.
@@ -14,11 +17,17 @@ pub const KV_ITEM_QUERIES: usize = 512;
 /// The item tables of one physical CSR (int32, the device ABI).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvItems {
-    /// `[capacity, 4]`: `(head, physical block, first entry, end entry)` per item; rows past
-    /// `count` are 0.
+    /// `[capacity, 4]`: `(head, physical block, first entry, end entry)` per list position (the
+    /// run order); rows past `count` are 0.
     pub items: Vec<i32>,
     /// Items in use.
     pub count: usize,
+    /// CTAs the run order is made for.
+    pub grid: usize,
+    /// `[count]`: the item id at each list position.
+    pub order: Vec<i32>,
+    /// `[count]`: the list position of each item id.
+    pub position: Vec<i32>,
     /// `[4, P]`: the dK/dV accumulator slot of a row split over items, else -1.
     pub split_slot: Vec<i32>,
     /// Slots in use.
@@ -36,12 +45,17 @@ pub fn kv_slot_capacity(total_q: usize) -> usize {
     NUM_KV_HEADS * total_q * TOPK_BLOCKS / (KV_ITEM_QUERIES + 1)
 }
 
-/// The items and split slots of `csr`.
-pub fn build_kv_items(csr: &PhysicalCsr) -> KvItems {
+/// Tiles of 4 queries in an item of `entries` CSR entries: its cost in the run order.
+pub fn item_tiles(entries: usize) -> usize {
+    entries.div_ceil(4)
+}
+
+/// The items and split slots of `csr`, in the run order for `grid` CTAs.
+pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
     let cap = kv_item_capacity(csr.blocks, csr.total_q);
-    let mut items = vec![0i32; cap * 4];
+    let mut rows = Vec::new();
     let mut split_slot = vec![-1i32; NUM_KV_HEADS * csr.blocks];
-    let (mut count, mut slots) = (0usize, 0usize);
+    let mut slots = 0usize;
     for head in 0..NUM_KV_HEADS {
         for block in 0..csr.blocks {
             let (lo, hi) = csr.row_range(head, block);
@@ -51,19 +65,27 @@ pub fn build_kv_items(csr: &PhysicalCsr) -> KvItems {
             }
             for begin in (lo..hi).step_by(KV_ITEM_QUERIES) {
                 let end = hi.min(begin + KV_ITEM_QUERIES);
-                items[count * 4..count * 4 + 4].copy_from_slice(&[
-                    head as i32,
-                    block as i32,
-                    begin as i32,
-                    end as i32,
-                ]);
-                count += 1;
+                rows.push([head as i32, block as i32, begin as i32, end as i32]);
             }
         }
     }
+    let costs: Vec<usize> = rows
+        .iter()
+        .map(|r| item_tiles((r[3] - r[2]) as usize))
+        .collect();
+    let order = lpt_order(&costs, grid);
+    let mut items = vec![0i32; cap * 4];
+    let mut position = vec![0i32; rows.len()];
+    for (p, &id) in order.iter().enumerate() {
+        items[p * 4..p * 4 + 4].copy_from_slice(&rows[id]);
+        position[id] = p as i32;
+    }
     KvItems {
         items,
-        count,
+        count: rows.len(),
+        grid,
+        order: order.into_iter().map(|i| i as i32).collect(),
+        position,
         split_slot,
         slots,
     }
@@ -74,6 +96,7 @@ mod tests {
     use super::*;
     use crate::csr::build_physical_csr;
     use crate::layout::VarlenLayout;
+    use crate::lpt::imbalance;
 
     /// recent-16 style selection: each query picks its own block and up to 15 before it.
     fn recent(layout: &VarlenLayout) -> Vec<i32> {
@@ -104,7 +127,7 @@ mod tests {
         )
         .unwrap();
         let csr = build_physical_csr(&layout, &recent(&layout)).unwrap();
-        let k = build_kv_items(&csr);
+        let k = build_kv_items(&csr, 7);
         assert!(k.count <= kv_item_capacity(csr.blocks, csr.total_q));
         assert!(k.slots <= kv_slot_capacity(csr.total_q));
         assert!(k.items[k.count * 4..].iter().all(|&w| w == 0));
@@ -116,7 +139,9 @@ mod tests {
                 let (lo, hi) = csr.row_range(head, block);
                 let mut next = lo;
                 while next < hi {
-                    let it = &k.items[at * 4..at * 4 + 4];
+                    let p = k.position[at] as usize;
+                    assert_eq!(k.order[p] as usize, at);
+                    let it = &k.items[p * 4..p * 4 + 4];
                     assert_eq!(
                         it,
                         &[
@@ -151,5 +176,31 @@ mod tests {
             })
             .sum();
         assert_eq!(covered, edges);
+    }
+
+    #[test]
+    fn run_order_is_the_longest_first_snake_and_balances_better_than_striding() {
+        let layout =
+            VarlenLayout::documents(&[0, 4096, 4096 + 300, 4096 + 301, 4096 + 1500]).unwrap();
+        let csr = build_physical_csr(&layout, &recent(&layout)).unwrap();
+        for grid in [1, 5, 7, 132] {
+            let k = build_kv_items(&csr, grid);
+            let tiles = |p: usize| item_tiles((k.items[p * 4 + 3] - k.items[p * 4 + 2]) as usize);
+            // Dealt back from the snake, the costs never rise.
+            let sorted: Vec<usize> = (0..k.count)
+                .map(|j| tiles(crate::lpt::snake_position(j, k.count, grid)))
+                .collect();
+            assert!(
+                sorted.windows(2).all(|w| w[0] >= w[1]),
+                "grid {grid}: {sorted:?}"
+            );
+            let run: Vec<usize> = (0..k.count).map(tiles).collect();
+            let mut natural = vec![0; k.count];
+            for (p, &id) in k.order.iter().enumerate() {
+                natural[id as usize] = run[p];
+            }
+            let (now, before) = (imbalance(&run, grid), imbalance(&natural, grid));
+            assert!(now <= before + 1e-9, "grid {grid}: {now} > {before}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Accumulation order of the deterministic sm_90a backward
-//! (kernels/src/attention/backward_order.cuh, whose comment gives the argument): item `I` of
-//! [`super::kv_items`] runs on CTA `I % G` of `G` persistent CTAs, starting at the estimated
+//! (kernels/src/attention/backward_order.cuh, whose comment gives the argument): the item at list
+//! position `I` of [`super::kv_items`] runs on CTA `I % G` of `G` persistent CTAs, starting at the estimated
 //! tile time `start(I)` (the tiles of the CTA's earlier items plus [`ITEM_OVERHEAD_TILES`] each).
 //! Each dQ tile (query, group) adds its contributions, and each split row's dK/dV slot its items'
 //! partials, in ascending order of the event keys (half-tile time, CTA); the ranks here are what
@@ -61,8 +61,9 @@ impl KvOrder {
     }
 }
 
-/// The order of `items` (built from `csr`) on `grid` CTAs.
-pub fn build_kv_order(csr: &PhysicalCsr, items: &KvItems, grid: usize) -> KvOrder {
+/// The order of `items` (built from `csr`) on the grid their run order is made for.
+pub fn build_kv_order(csr: &PhysicalCsr, items: &KvItems) -> KvOrder {
+    let grid = items.grid;
     assert!(grid > 0, "at least one CTA");
     let n = items.count;
     let mut order = KvOrder {
@@ -78,14 +79,15 @@ pub fn build_kv_order(csr: &PhysicalCsr, items: &KvItems, grid: usize) -> KvOrde
             acc += tiles(item(items, i)) + ITEM_OVERHEAD_TILES;
         }
     }
-    // dK/dV: rank among the row's items (consecutive indices) by key.
+    // dK/dV: rank among the row's items (consecutive item ids) by key.
     for i in 0..n {
         let [g, block, first, _] = item(items, i);
         let (lo, hi) = csr.row_range(g, block);
-        let row_first = i - (first - lo) / KV_ITEM_QUERIES;
+        let row_first = items.order[i] as usize - (first - lo) / KV_ITEM_QUERIES;
         let row_items = (hi - lo).div_ceil(KV_ITEM_QUERIES);
         let mine = order.dkv_key(items, i);
         order.dkv_rank[i] = (row_first..row_first + row_items)
+            .map(|id| items.position[id] as usize)
             .filter(|&o| o != i && order.dkv_key(items, o) < mine)
             .count() as i32;
     }
@@ -196,10 +198,10 @@ mod tests {
     fn ranks_number_each_tile_and_row_in_key_order() {
         for (layout, topk) in layouts() {
             let csr = build_physical_csr(&layout, &topk).unwrap();
-            let items = build_kv_items(&csr);
             for sms in [1, 7, 132] {
                 let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
-                let o = build_kv_order(&csr, &items, grid);
+                let items = build_kv_items(&csr, grid);
+                let o = build_kv_order(&csr, &items);
                 let mut dq: Vec<Vec<(u8, u64)>> = vec![Vec::new(); NUM_KV_HEADS * csr.total_q];
                 let mut dkv: Vec<Vec<(i32, u64)>> = vec![Vec::new(); NUM_KV_HEADS * csr.blocks];
                 for p in programs(&csr, &items, &o) {
@@ -238,10 +240,10 @@ mod tests {
     fn the_schedule_completes_under_the_semaphores() {
         for (layout, topk) in layouts() {
             let csr = build_physical_csr(&layout, &topk).unwrap();
-            let items = build_kv_items(&csr);
             for sms in [1, 3, 132] {
                 let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
-                let o = build_kv_order(&csr, &items, grid);
+                let items = build_kv_items(&csr, grid);
+                let o = build_kv_order(&csr, &items);
                 let progs = programs(&csr, &items, &o);
                 let mut dq_sem = vec![0u8; NUM_KV_HEADS * csr.total_q];
                 let mut dkv_sem = vec![0i32; NUM_KV_HEADS * csr.blocks];

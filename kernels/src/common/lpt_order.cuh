@@ -1,0 +1,107 @@
+// Longest-first run order of a persistent kernel's work list (host mirror: msa_plan::lpt): G CTAs
+// stride over the list (position p runs on CTA p % G), so the list is the items sorted by cost,
+// largest first and ties in id order, dealt to the CTAs in a snake (even rounds 0..G-1, odd
+// rounds G-1..0, a last partial odd round reversed within itself). Built by one CTA without a
+// host round trip: a stable counting sort over kLptBins cost values, so the list is the host
+// mirror's word for word and the same on every run (11.5-11.9 us for 6,144 items in run 22,
+// before the bin scan moved to one warp; an unstable sort took 5.7-7.7 us but would let a
+// kernel's output depend on the run: the sign of an exact zero in the forward's restarted
+// accumulator, the deterministic backward's accumulation order).
+#pragma once
+
+namespace msa {
+
+constexpr int kLptBins = 129;  // costs 0..128; larger ones share the top bin
+
+__host__ __device__ inline int snake_position(int j, int n, int grid) {
+    const int r = j / grid, start = r * grid, c = j - start;
+    const int m = grid < n - start ? grid : n - start;
+    return start + ((r & 1) ? m - 1 - c : c);
+}
+
+// Per bin: its item count, then (after lpt_bin_offsets) the sorted index of its next item.
+struct LptBins {
+    int next[kLptBins];
+};
+
+template <int THREADS>
+struct LptSmem {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 32 of them");
+    LptBins bins;
+    int warp_count[THREADS / 32][kLptBins];  // items of each bin per warp in the current chunk
+};
+
+__device__ __forceinline__ int lpt_bin(int cost) {
+    return kLptBins - 1 - (cost < kLptBins - 1 ? cost : kLptBins - 1);  // bin 0: the largest costs
+}
+
+// Counts the n items per bin, then turns the counts into each bin's first sorted index (one warp
+// scans, 5 bins a lane). Barriers inside; every thread calls it.
+template <int THREADS, class Cost>
+__device__ __forceinline__ void lpt_bin_offsets(LptBins& s, int n, Cost cost) {
+    static_assert(32 * 5 >= kLptBins, "5 bins per lane");
+    for (int b = threadIdx.x; b < kLptBins; b += THREADS) s.next[b] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += THREADS) atomicAdd(&s.next[lpt_bin(cost(i))], 1);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int c[5], sum = 0;
+#pragma unroll
+        for (int k = 0; k < 5; ++k) {
+            const int b = 5 * lane + k;
+            c[k] = b < kLptBins ? s.next[b] : 0;
+            sum += c[k];
+        }
+        int incl = sum;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += y;
+        }
+        int acc = incl - sum;
+#pragma unroll
+        for (int k = 0; k < 5; ++k) {
+            const int b = 5 * lane + k;
+            if (b < kLptBins) s.next[b] = acc;
+            acc += c[k];
+        }
+    }
+    __syncthreads();
+}
+
+// Every thread of the CTA (blockDim.x == THREADS) calls it; cost(i) >= 0 for the n items;
+// emit(i, p) is called once per item with its list position p. Barriers inside.
+template <int THREADS, class Cost, class Emit>
+__device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, Cost cost, Emit emit) {
+    constexpr int kWarps = THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    lpt_bin_offsets<THREADS>(s.bins, n, cost);
+    // Stable scatter, a chunk of THREADS items at a time: an item's index within its bin counts
+    // the bin's items of earlier chunks, earlier warps and earlier lanes.
+    for (int chunk = 0; chunk < n; chunk += THREADS) {
+        const int i = chunk + static_cast<int>(threadIdx.x);
+        const bool valid = i < n;
+        const int b = valid ? lpt_bin(cost(i)) : kLptBins + lane;  // a lane of its own when past n
+        for (int x = threadIdx.x; x < kWarps * kLptBins; x += THREADS) (&s.warp_count[0][0])[x] = 0;
+        __syncthreads();
+        const unsigned same = __match_any_sync(0xffffffffu, b);
+        const int below = __popc(same & ((1u << lane) - 1u));
+        if (valid && below == 0) s.warp_count[warp][b] = __popc(same);
+        __syncthreads();
+        if (valid) {
+            int j = s.bins.next[b] + below;
+            for (int w = 0; w < warp; ++w) j += s.warp_count[w][b];
+            emit(i, snake_position(j, n, grid));
+        }
+        __syncthreads();
+        for (int bb = threadIdx.x; bb < kLptBins; bb += THREADS) {
+            int c = 0;
+            for (int w = 0; w < kWarps; ++w) c += s.warp_count[w][bb];
+            s.bins.next[bb] += c;
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace msa
