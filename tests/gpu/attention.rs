@@ -49,14 +49,26 @@ fn full_check(name: &str, cuda: &Backend, p: &CallInputs, opts: &RunOptions) -> 
 /// three with the deterministic one and with peaked inputs (atomic); full reference check
 /// (sampled for the largest random layouts). On Hopper the sm_90a kernels take every variant
 /// and the mma.sync kernels they replace the atomic one on MSA's inputs.
+/// `MSA_EDGE_GROUPS=a..b` keeps layouts a..b of the 33 (to split the test across processes: the
+/// CPU reference checks dominate its time).
 #[test]
 fn attention_matches_the_reference_on_edge_layouts() {
+    let groups = match std::env::var("MSA_EDGE_GROUPS") {
+        Ok(spec) => {
+            let (a, b) = spec.split_once("..").expect("MSA_EDGE_GROUPS=a..b");
+            a.parse::<usize>().unwrap()..b.parse::<usize>().unwrap()
+        }
+        Err(_) => 0..usize::MAX,
+    };
     let mut failed = Vec::new();
     for (kernels, handle) in harness::kernel_sets() {
         let cuda = Backend::Cuda(handle);
         // On Hopper the mma.sync kernels are the reference path: the atomic variant suffices.
         let reference_path = kernels == "sm80" && harness::device().uses_sm90_kernels();
-        for (i, group) in harness::edge_selection_groups().enumerate() {
+        for (i, group) in harness::edge_selection_groups()
+            .enumerate()
+            .filter(|(i, _)| groups.contains(i))
+        {
             for (s, (sel_name, topk)) in group.selections.into_iter().enumerate() {
                 let variants = [
                     (false, InputMode::Msa),
