@@ -7,7 +7,7 @@ use msa_harness::cases::{self, Work};
 use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
 use msa_plan::backward::kv_items::{build_kv_items, item_tiles, kv_item_capacity};
-use msa_plan::backward::kv_order::backward_grid;
+use msa_plan::backward::kv_order::{backward_grid, ITEM_OVERHEAD_TILES};
 use msa_plan::backward::{build_backward_tasks, MsaBackwardSchedule};
 use msa_plan::csr::{build_k2q_csr, build_physical_csr};
 use msa_plan::flops::{causal_elements, selected_elements, sparse_elements, FlopModel};
@@ -113,8 +113,9 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
 
 /// The sm_90a kernels' balance over their persistent grids: the most-loaded CTA's cost over the
 /// mean when the CTAs stride over the work in natural order, and in the run order the kernels
-/// use (`msa_plan::lpt`); (backward, forward). Costs: an item's tiles plus 2 (its K/V load and
-/// dK/dV store), a forward tile's union size plus 1.
+/// use (`msa_plan::lpt`); (backward, forward). Costs: an item's tiles plus its K/V load and
+/// dK/dV store (`ITEM_OVERHEAD_TILES`, the deterministic order's estimate), a forward tile's union
+/// size plus 1.
 fn sm90_balance(
     layout: &msa_plan::VarlenLayout,
     topk: &[i32],
@@ -124,7 +125,10 @@ fn sm90_balance(
     let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
     let items = build_kv_items(&csr, grid);
     let run: Vec<usize> = (0..items.count)
-        .map(|p| item_tiles((items.items[p * 4 + 3] - items.items[p * 4 + 2]) as usize) + 2)
+        .map(|p| {
+            item_tiles((items.items[p * 4 + 3] - items.items[p * 4 + 2]) as usize)
+                + ITEM_OVERHEAD_TILES
+        })
         .collect();
     let mut natural = vec![0; items.count];
     for (p, &id) in items.order.iter().enumerate() {

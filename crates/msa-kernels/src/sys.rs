@@ -140,6 +140,18 @@ pub const MSA_ROWS_PER_CTA_LARGE: MsaWalk = 64;
 pub const MSA_MIN_TAIL_ROWS: MsaWalk = 3;
 #[doc = " The CTA walk of the backward main kernel (msa_plan::backward::walk)."]
 pub type MsaWalk = ::std::os::raw::c_uint;
+#[doc = " most CSR entries (selecting queries) per backward item"]
+pub const MSA_KV_ITEM_QUERIES: MsaSm90Work = 512;
+#[doc = " CSR entries per backward tile: an item costs its tiles"]
+pub const MSA_KV_TILE_QUERIES: MsaSm90Work = 4;
+#[doc = " an item's K/V load and dK/dV store, in tiles, in the\ndeterministic order's estimated timeline"]
+pub const MSA_ITEM_OVERHEAD_TILES: MsaSm90Work = 2;
+#[doc = " consecutive packed queries per forward tile"]
+pub const MSA_FWD_TILE_QUERIES: MsaSm90Work = 8;
+#[doc = " costs the run order tells apart (0..128; more share 128)"]
+pub const MSA_LPT_BINS: MsaSm90Work = 129;
+#[doc = " The work lists of the persistent sm_90a kernels (msa_plan::backward::kv_items and kv_order,\n msa_plan::tiles, msa_plan::lpt)."]
+pub type MsaSm90Work = ::std::os::raw::c_uint;
 #[doc = " The packed varlen layout of one call, uploaded once per layout (msa::cuda::DeviceLayout).\n Fragment b: first = fragment_first[b], k_base = cu_seqlens_k[first],\n k_len = cu_seqlens_k[b+1] - k_base, q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b];\n local query i sits at document position k_len - q_len + i."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

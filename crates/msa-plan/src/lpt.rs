@@ -9,7 +9,7 @@
 //! goes to CTAs `0..G` when `r` is even and `G-1..0` when odd; a last partial round of `m` items
 //! is reversed within its `m`), so each CTA's total is close to the mean.
 
-/// Distinct costs the order separates; larger costs share the last bin.
+/// Distinct costs the order separates; larger costs share the last bin (abi.h `MSA_LPT_BINS`).
 pub const LPT_BINS: usize = 129;
 
 /// List position of the `j`-th largest of `n` items on `grid` CTAs.

@@ -6,7 +6,7 @@
 use crate::layout::VarlenLayout;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
-/// Queries per tile of the sm_90a forward.
+/// Queries per tile of the sm_90a forward (abi.h `MSA_FWD_TILE_QUERIES`).
 pub const TILE_QUERIES: usize = 8;
 
 /// `[4 · tiles]`: the union size of each item, as `tile_union_kernel` counts it.

@@ -15,9 +15,9 @@
 
 namespace msa {
 
-constexpr int kKvItemQueries = 512;
+constexpr int kKvItemQueries = MSA_KV_ITEM_QUERIES;
 constexpr int kItemBuildThreads = 1024;
-constexpr int kItemTileQueries = 4;  // CSR entries per tile of the main kernel: an item costs its tiles
+constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each

@@ -35,7 +35,7 @@
 
 namespace msa {
 
-constexpr int kItemOverheadTiles = 2;   // K/V load and dK/dV store of an item, in tile times
+constexpr int kItemOverheadTiles = MSA_ITEM_OVERHEAD_TILES;  // K/V load and dK/dV store of an item
 constexpr int kOrderThreads = 256;
 constexpr int kOrderEntryThreads = 512;  // one thread per CSR entry of an item (kKvItemQueries)
 constexpr int kTileQueriesOrder = kItemTileQueries;

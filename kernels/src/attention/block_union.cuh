@@ -12,7 +12,7 @@
 
 namespace msa {
 
-constexpr int kQueriesPerCta = 8;
+constexpr int kQueriesPerCta = MSA_FWD_TILE_QUERIES;
 constexpr int kUnionMax = kQueriesPerCta * kTopK;  // 128 selections at most
 
 // The union, ascending by physical block (deterministic order for the dQ kernel), with each

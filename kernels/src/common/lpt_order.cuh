@@ -9,9 +9,11 @@
 // accumulator, the deterministic backward's accumulation order).
 #pragma once
 
+#include "msa/abi.h"
+
 namespace msa {
 
-constexpr int kLptBins = 129;  // costs 0..128; larger ones share the top bin
+constexpr int kLptBins = MSA_LPT_BINS;  // costs 0..128; larger ones share the top bin
 
 __host__ __device__ inline int snake_position(int j, int n, int grid) {
     const int r = j / grid, start = r * grid, c = j - start;

@@ -7,11 +7,13 @@
 //! `p % grid`). The device item build (`backward_items_kernel`) computes the same tables word for
 //! word.
 
+use super::kv_order::TILE_QUERIES;
 use crate::csr::PhysicalCsr;
 use crate::lpt::lpt_order;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
-/// Most CSR entries (selecting queries) one item takes: 128 tiles of 4 queries.
+/// Most CSR entries (selecting queries) one item takes: 128 tiles of 4 queries (abi.h
+/// `MSA_KV_ITEM_QUERIES`).
 pub const KV_ITEM_QUERIES: usize = 512;
 
 /// The item tables of one physical CSR (int32, the device ABI).
@@ -45,9 +47,9 @@ pub fn kv_slot_capacity(total_q: usize) -> usize {
     NUM_KV_HEADS * total_q * TOPK_BLOCKS / (KV_ITEM_QUERIES + 1)
 }
 
-/// Tiles of 4 queries in an item of `entries` CSR entries: its cost in the run order.
+/// Tiles of the main kernel in an item of `entries` CSR entries: its cost in the run order.
 pub fn item_tiles(entries: usize) -> usize {
-    entries.div_ceil(4)
+    entries.div_ceil(TILE_QUERIES)
 }
 
 /// The items and split slots of `csr`, in the run order for `grid` CTAs.

@@ -6,13 +6,14 @@
 //! partials, in ascending order of the event keys (half-tile time, CTA); the ranks here are what
 //! the device order build writes (`backward_order_*_kernel`), for the entries with a valid query.
 
-use super::kv_items::{KvItems, KV_ITEM_QUERIES};
+use super::kv_items::{item_tiles, KvItems, KV_ITEM_QUERIES};
 use crate::csr::PhysicalCsr;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
-/// Estimated cost of an item beyond its tiles (K/V load, dK/dV store), in tile times.
+/// Estimated cost of an item beyond its tiles (K/V load, dK/dV store), in tile times (abi.h
+/// `MSA_ITEM_OVERHEAD_TILES`).
 pub const ITEM_OVERHEAD_TILES: usize = 2;
-/// CSR entries (queries) per tile of the main kernel.
+/// CSR entries (queries) per tile of the main kernel (abi.h `MSA_KV_TILE_QUERIES`).
 pub const TILE_QUERIES: usize = 4;
 
 /// Persistent CTAs of the main kernel (`backward_grid`): one per SM, at most one per item slot.
@@ -44,7 +45,7 @@ fn item(items: &KvItems, i: usize) -> [usize; 4] {
 }
 
 fn tiles(it: [usize; 4]) -> usize {
-    (it[3] - it[2]).div_ceil(TILE_QUERIES)
+    item_tiles(it[3] - it[2])
 }
 
 impl KvOrder {
