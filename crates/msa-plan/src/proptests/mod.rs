@@ -6,6 +6,7 @@
 mod csr;
 mod flops;
 mod layout_device;
+mod lpt;
 mod mutations;
 mod packed;
 mod prepare_device;
