@@ -3,10 +3,10 @@
 // largest first and ties in id order, dealt to the CTAs in a snake (even rounds 0..G-1, odd
 // rounds G-1..0, a last partial odd round reversed within itself). Built by one CTA without a
 // host round trip: a stable counting sort over kLptBins cost values, so the list is the host
-// mirror's word for word and the same on every run (11.5-11.9 us for 6,144 items in run 22,
-// before the bin scan moved to one warp; an unstable sort took 5.7-7.7 us but would let a
-// kernel's output depend on the run: the sign of an exact zero in the forward's restarted
-// accumulator, the deterministic backward's accumulation order).
+// mirror's word for word and the same on every run (10.6 us for 6,144 items, run 23; an
+// unstable sort took 5.7-7.7 us but would let a kernel's output depend on the run: the sign of
+// an exact zero in the forward's restarted accumulator, the deterministic backward's
+// accumulation order).
 #pragma once
 
 #include "msa/abi.h"
