@@ -38,7 +38,6 @@ namespace msa {
 constexpr int kItemOverheadTiles = MSA_ITEM_OVERHEAD_TILES;  // K/V load and dK/dV store of an item
 constexpr int kOrderThreads = 256;
 constexpr int kOrderEntryThreads = 512;  // one thread per CSR entry of an item (kKvItemQueries)
-constexpr int kTileQueriesOrder = kItemTileQueries;
 static_assert(kOrderEntryThreads >= kKvItemQueries, "one thread per entry of an item");
 
 __host__ __device__ inline uint64_t order_key(int64_t half_time, int cta, int grid) {
@@ -48,7 +47,7 @@ __host__ __device__ inline uint64_t order_key(int64_t half_time, int cta, int gr
 namespace {
 
 __device__ __forceinline__ int item_tiles(int4 item) {
-    return (item.w - item.z + kTileQueriesOrder - 1) / kTileQueriesOrder;
+    return (item.w - item.z + kItemTileQueries - 1) / kItemTileQueries;
 }
 
 __device__ __forceinline__ uint64_t dkv_key(int4 item, int start, int it, int grid) {
@@ -107,7 +106,7 @@ __global__ void __launch_bounds__(kOrderEntryThreads)
                 const int slot = atomicAdd(&tg_count[tg], 1);
                 if (slot < kTopK)
                     lists[static_cast<int64_t>(tg) * kTopK + slot] =
-                        order_key(2 * (static_cast<int64_t>(start) + threadIdx.x / kTileQueriesOrder), it % grid, grid);
+                        order_key(2 * (static_cast<int64_t>(start) + threadIdx.x / kItemTileQueries), it % grid, grid);
             }
         }
         if (threadIdx.x < 32) {
@@ -143,7 +142,7 @@ __global__ void __launch_bounds__(kOrderEntryThreads)
         if (t < 0 || t >= total_q) continue;
         const int tg = item.x * total_q + t;
         const uint64_t mine =
-            order_key(2 * (static_cast<int64_t>(item_start[it]) + threadIdx.x / kTileQueriesOrder), it % grid, grid);
+            order_key(2 * (static_cast<int64_t>(item_start[it]) + threadIdx.x / kItemTileQueries), it % grid, grid);
         const int m = min(tg_count[tg], kTopK);
         int rank = 0;
         for (int s = 0; s < m; ++s) rank += lists[static_cast<int64_t>(tg) * kTopK + s] < mine;

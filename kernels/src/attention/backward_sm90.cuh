@@ -54,7 +54,7 @@ constexpr int kKvBytes = 2 * kKvHalf;
 constexpr int kQHalf = kRows * 128;                   // [64 rows][64 d] bf16
 constexpr int kQBytes = 2 * kQHalf;
 constexpr int kTokenBytes = kHeadsPerGroup * 128;     // one query's 16 rows of a half
-static_assert(kTileQueries == kTileQueriesOrder, "the order's tiles are the kernel's");
+static_assert(kTileQueries == kItemTileQueries, "the order's tiles are the kernel's");
 
 // The queries of one tile: packed index (-1 = empty slot) and keys of the block it sees.
 struct TileInfo {

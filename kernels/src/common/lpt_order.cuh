@@ -21,15 +21,10 @@ __host__ __device__ inline int snake_position(int j, int n, int grid) {
     return start + ((r & 1) ? m - 1 - c : c);
 }
 
-// Per bin: its item count, then (after lpt_bin_offsets) the sorted index of its next item.
-struct LptBins {
-    int next[kLptBins];
-};
-
 template <int THREADS>
 struct LptSmem {
     static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 32 of them");
-    LptBins bins;
+    int next[kLptBins];  // per bin: its item count, then the sorted index of its next item
     int warp_count[THREADS / 32][kLptBins];  // items of each bin per warp in the current chunk
 };
 
@@ -40,7 +35,7 @@ __device__ __forceinline__ int lpt_bin(int cost) {
 // Counts the n items per bin, then turns the counts into each bin's first sorted index (one warp
 // scans, 5 bins a lane). Barriers inside; every thread calls it.
 template <int THREADS, class Cost>
-__device__ __forceinline__ void lpt_bin_offsets(LptBins& s, int n, Cost cost) {
+__device__ __forceinline__ void lpt_bin_offsets(LptSmem<THREADS>& s, int n, Cost cost) {
     static_assert(32 * 5 >= kLptBins, "5 bins per lane");
     for (int b = threadIdx.x; b < kLptBins; b += THREADS) s.next[b] = 0;
     __syncthreads();
@@ -78,7 +73,7 @@ template <int THREADS, class Cost, class Emit>
 __device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, Cost cost, Emit emit) {
     constexpr int kWarps = THREADS / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    lpt_bin_offsets<THREADS>(s.bins, n, cost);
+    lpt_bin_offsets<THREADS>(s, n, cost);
     // Stable scatter, a chunk of THREADS items at a time: an item's index within its bin counts
     // the bin's items of earlier chunks, earlier warps and earlier lanes.
     for (int chunk = 0; chunk < n; chunk += THREADS) {
@@ -92,7 +87,7 @@ __device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, 
         if (valid && below == 0) s.warp_count[warp][b] = __popc(same);
         __syncthreads();
         if (valid) {
-            int j = s.bins.next[b] + below;
+            int j = s.next[b] + below;
             for (int w = 0; w < warp; ++w) j += s.warp_count[w][b];
             emit(i, snake_position(j, n, grid));
         }
@@ -100,7 +95,7 @@ __device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, 
         for (int bb = threadIdx.x; bb < kLptBins; bb += THREADS) {
             int c = 0;
             for (int w = 0; w < kWarps; ++w) c += s.warp_count[w][bb];
-            s.bins.next[bb] += c;
+            s.next[bb] += c;
         }
         __syncthreads();
     }
