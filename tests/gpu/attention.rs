@@ -53,13 +53,7 @@ fn full_check(name: &str, cuda: &Backend, p: &CallInputs, opts: &RunOptions) -> 
 /// CPU reference checks dominate its time).
 #[test]
 fn attention_matches_the_reference_on_edge_layouts() {
-    let groups = match std::env::var("MSA_EDGE_GROUPS") {
-        Ok(spec) => {
-            let (a, b) = spec.split_once("..").expect("MSA_EDGE_GROUPS=a..b");
-            a.parse::<usize>().unwrap()..b.parse::<usize>().unwrap()
-        }
-        Err(_) => 0..usize::MAX,
-    };
+    let groups = harness::env_range("MSA_EDGE_GROUPS", usize::MAX);
     let mut failed = Vec::new();
     for (kernels, handle) in harness::kernel_sets() {
         let cuda = Backend::Cuda(handle);

@@ -288,3 +288,19 @@ pub fn gpu_indexer_selection(p: &msa_harness::io::CallInputs) -> Vec<i32> {
         .expect("indexer forward");
     d.download(&topk).expect("download topk")
 }
+
+/// The range `a..b` an environment variable names (to split a long test across processes), cut
+/// to `0..len`; all of `0..len` when it is unset.
+pub fn env_range(var: &str, len: usize) -> std::ops::Range<usize> {
+    let Ok(spec) = std::env::var(var) else {
+        return 0..len;
+    };
+    let (a, b) = spec
+        .split_once("..")
+        .unwrap_or_else(|| panic!("{var}=a..b, got {spec:?}"));
+    let parse = |x: &str| -> usize {
+        x.parse()
+            .unwrap_or_else(|_| panic!("{var}=a..b, got {spec:?}"))
+    };
+    parse(a).min(len)..parse(b).min(len)
+}

@@ -30,14 +30,6 @@ const SAMPLE_BLOCKS: usize = 2;
 /// The patterns peaked inputs run under by default: MSA's own and a scattered one.
 const PEAKED_PATTERNS: [Pattern; 2] = [Pattern::Recent16, Pattern::Random];
 
-fn range(len: usize) -> std::ops::Range<usize> {
-    let Ok(spec) = std::env::var("MSA_REAL_CASES") else {
-        return 0..len;
-    };
-    let (a, b) = spec.split_once("..").expect("MSA_REAL_CASES=a..b");
-    a.parse().unwrap()..b.parse::<usize>().unwrap().min(len)
-}
-
 fn modes() -> Vec<InputMode> {
     let spec = std::env::var("MSA_REAL_INPUTS").unwrap_or_else(|_| "msa,peaked".into());
     spec.split(',')
@@ -79,7 +71,7 @@ fn real_cases_every_pattern() {
     };
     let mut failures = Vec::new();
     let mut runs = 0;
-    for case in &listed[range(listed.len())] {
+    for case in &listed[harness::env_range("MSA_REAL_CASES", listed.len())] {
         let rank = (case.case_id % 16) as usize;
         let rc = cases::rank_case(&listed, case.case_id, rank).expect("rank case");
         for mode in modes() {
