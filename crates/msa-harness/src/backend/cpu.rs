@@ -84,10 +84,10 @@ impl<'a> Executor<'a> for CpuReference {
         dout: &Self::Bf16,
         out: &Self::Bf16,
         lse: &Self::F32,
-        _deterministic: bool,
+        deterministic: bool,
     ) -> Result<[Self::Bf16; 3]> {
-        let g = attention::backward(&meta.attention(attn), dout, out, lse)?;
-        Ok([g.dq, g.dk, g.dv].map(|x| Cow::Owned(to_bf16(&x))))
+        let (dq, dk, dv) = self.backward_keys(meta, attn, dout, out, lse, deterministic)?;
+        Ok([dq, Cow::Owned(to_bf16(&dk)), Cow::Owned(to_bf16(&dv))])
     }
 
     fn indexer(
@@ -121,15 +121,9 @@ impl<'a> Executor<'a> for CpuReference {
         indexer_lse: &Self::F32,
         loss_coeff: f32,
     ) -> Result<(Self::Bf16, Self::Bf16)> {
-        let g = kl::kl_backward(
-            &meta.attention(attn),
-            teacher_lse,
-            index.qi,
-            index.ki,
-            indexer_lse,
-            loss_coeff,
-        )?;
-        Ok((Cow::Owned(to_bf16(&g.dqi)), Cow::Owned(to_bf16(&g.dki))))
+        let (dqi, dki) =
+            self.kl_backward_keys(meta, attn, index, teacher_lse, indexer_lse, loss_coeff)?;
+        Ok((dqi, Cow::Owned(to_bf16(&dki))))
     }
 
     /// Every stage has finished when it returns.
