@@ -88,7 +88,8 @@ typedef struct MsaAttnBwdParams {
     void* workspace;               /* msa_attn_backward_sm90_workspace_bytes, 256-byte aligned */
     size_t workspace_bytes;
 } MsaAttnBwdParams;
-/* Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 64, 128] f32, the
+/* Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the
+ * main kernel's fragment order, attention/dq_fragments.cuh), the
  * work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the
  * dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned
  * (P = varlen.padded_kv_blocks). */
@@ -99,7 +100,8 @@ int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR
  * entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one
  * persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not
- * bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast. Reads q, k, v,
+ * bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast (grid 2 T,
+ * 256 threads). Reads q, k, v,
  * dout, lse, delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
 int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
 /* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then the order

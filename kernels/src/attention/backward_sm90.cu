@@ -1,6 +1,7 @@
 // The sm_90a backward (msa_attn_backward_sm90, and its deterministic mode
 // msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the dK/dV
-// finisher of attention/backward_sm90.cuh, with the dQ accumulator zeroed first and cast last;
+// finisher of attention/backward_sm90.cuh, with the dQ accumulator (attention/dq_fragments.cuh)
+// zeroed first and cast last;
 // the deterministic mode builds the order of attention/backward_order.cuh in between. Compute
 // capability 9.0 only: other devices take the mma.sync backward.
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "attention/backward_items.cuh"
 #include "attention/backward_order.cuh"
 #include "attention/backward_sm90.cuh"
+#include "attention/dq_fragments.cuh"
 
 namespace msa::bwd90 {
 namespace {
@@ -121,7 +123,10 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
         MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
                        a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
                        vl, a.dk, a.dv));
-    return static_cast<cudaError_t>(msa_attn_backward_postprocess_dq(dq_accum, vl.total_q, a.dq, stream));
+    if (vl.total_q > 0)
+        MSA_TRY(launch(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(vl.total_q) * kGroups / kCastChunks), dim3(kCastThreads),
+                       stream, static_cast<const float*>(dq_accum), a.dq));
+    return cudaSuccess;
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "attention/backward_order.cuh"
+#include "attention/dq_fragments.cuh"
 
 namespace msa::bwd90 {
 
@@ -72,7 +73,7 @@ struct Smem {
     uint8_t q[kStages][kQBytes];
     uint8_t dout[kStages][kQBytes];
     uint8_t ds[kBlock * kRows * 2];  // dS^T [128 keys][64 rows] bf16, 128-byte swizzle
-    float dq[kDqBuffers][kRows * kHeadDim];  // dQ of the tile, [64 rows][128 d]
+    float dq[kDqBuffers][kRows * kHeadDim];  // dQ of the tile, 4 chunks in fragment order
     float lse[kStages][kRows];
     float delta[kStages][kRows];
     TileInfo info[kStages];
@@ -82,6 +83,7 @@ struct Smem {
 };
 template <bool kDet>
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<kDet>));
+static_assert(kSmemBytes<true> <= 232448, "227 KiB of dynamic shared memory per block on sm_90");
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
@@ -92,7 +94,7 @@ struct Params {
     const float* delta;             // [T, 64]
     const int32_t* split_slot;  // [4, P]: slot in dkv_acc of a row split over items, else -1
     MsaVarlen varlen;
-    float* dq_accum;  // [T, 64, 128]
+    float* dq_accum;  // [T, 4, 2048]: attention/dq_fragments.cuh
     float* dkv_acc;   // [slots, 2, 128 keys, 128 d]: dK, dV of split rows (zeroed)
     uint16_t* dk;     // [Tk, 4, 128]
     uint16_t* dv;
@@ -244,10 +246,12 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             fence_regs(dq);
             mbar_release(&sm.q_empty[st]);
 
-            // Stage dQ ([64 rows][128 d] fp32; this warpgroup's 64 columns) once the previous
-            // tile's reductions have read the staging buffer, then reduce it per query: the
-            // issuer thread, or (kDet) the writer warp, in the order of its semaphores.
-            // The barrier also keeps the next tile's dS^T writes after both warpgroups' dQ products.
+            // Stage dQ (4 chunks in fragment order, attention/dq_fragments.cuh: warp w holds query
+            // slot w) once the previous tile's reductions have read the staging buffer, then reduce
+            // it per query: the issuer thread, or (kDet) the writer warp, in the order of its
+            // semaphores. The barrier also keeps the next tile's dS^T writes after both warpgroups'
+            // dQ products. (Per-warpgroup staging and reductions with dS^T double-buffered, so that
+            // the warpgroups meet once per tile, measured 6% slower: docs/perf.)
             const int buf = kDet ? tile_it & 1 : 0;
             if constexpr (kDet)
                 mbar_wait(&sm.dq_empty[buf], ((tile_it >> 1) & 1) ^ 1);  // tile_it - 2 reduced
@@ -255,13 +259,10 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                 bulk_wait_read_all();
             consumers_sync();
             {
-                const int row0 = 16 * warp + (lane >> 2);
+                float4* dst = reinterpret_cast<float4*>(&sm.dq[buf][warp * kDqChunk + wg * kDqHalf]) + lane;
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        *reinterpret_cast<float2*>(&sm.dq[buf][(row0 + 8 * r) * kHeadDim + 64 * wg + 8 * i + c]) =
-                            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+                    dst[32 * i] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
             }
             fence_proxy_async_smem();
             if constexpr (kDet) {
@@ -273,9 +274,8 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                     for (int slot = 0; slot < kTileQueries; ++slot) {
                         const int t = info.t[slot];
                         if (t >= 0)
-                            bulk_reduce_add_f32(
-                                p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
-                                &sm.dq[0][slot * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                            bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk,
+                                                &sm.dq[0][slot * kDqChunk], kDqChunk * 4);
                     }
                     bulk_commit();
                 }
@@ -397,8 +397,8 @@ __device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p) {
                 spin_at_least(sem, seen, rank);
                 fence_acq_rel_gpu();
                 fence_proxy_async_global();
-                bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup) * kHeadDim,
-                                    &sm.dq[buf][lane * kHeadsPerGroup * kHeadDim], kHeadsPerGroup * kHeadDim * 4);
+                bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk,
+                                    &sm.dq[buf][lane * kDqChunk], kDqChunk * 4);
                 bulk_commit();
                 bulk_wait_all();
                 fence_proxy_async_global();
