@@ -202,14 +202,14 @@ int main(int argc, char** argv) {
             CK(cudaError_t(msa_attn_backward_dq(&bp, nullptr)));
             CK(cudaError_t(msa_attn_backward_dkv(&bp, nullptr)));
         };
-        const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, vl, dq_acc, dkv_acc, dk, dv};
+        const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, row_ptr, vl, dq_acc, dkv_acc, dk, dv};
         auto run_main = [&] { CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr)); };
         auto run_sm90 = [&] {
             CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
             build_items();
             msa::bwd90::backward_zero_slots_kernel<<<4 * sms, 256>>>(counts, reinterpret_cast<float4*>(dkv_acc));
             run_main();
-            msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, dk, dv);
+            msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, false, dk, dv);
             CK(cudaGetLastError());
             msa::bwd90::dq_fragment_cast_kernel<<<h.T * 4 / msa::bwd90::kCastChunks, msa::bwd90::kCastThreads>>>(dq_acc, dq);
             CK(cudaGetLastError());

@@ -100,9 +100,9 @@ int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR
  * entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one
  * persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not
- * bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast (grid 2 T,
- * 256 threads). Reads q, k, v,
- * dout, lse, delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
+ * bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the dK/dV finisher
+ * (grid (P, 4), 128 threads); the dQ cast (grid 2 T, 256 threads). Reads q, k, v, dout, lse,
+ * delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
 int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
 /* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then the order
  * tables: counters [4, T] i32, dQ semaphores [4, T] i32, slot semaphores [floor(64 T / 513)] i32,

@@ -113,6 +113,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     p.lse = a.lse;
     p.delta = a.delta;
     p.split_slot = split_slot;
+    p.phys_row_ptr = a.phys_row_ptr;
     p.varlen = vl;
     p.dq_accum = dq_accum;
     p.dkv_acc = dkv_acc;
@@ -122,7 +123,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     if (vl.padded_kv_blocks > 0)
         MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
                        a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
-                       vl, a.dk, a.dv));
+                       vl, !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv));
     if (vl.total_q > 0)
         MSA_TRY(launch(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(vl.total_q) * kGroups / kCastChunks), dim3(kCastThreads),
                        stream, static_cast<const float*>(dq_accum), a.dq));

@@ -4,6 +4,7 @@
 // block is loaded once per CTA however many of its queries chose it.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "msa/common.h"
@@ -18,8 +19,8 @@ constexpr int kUnionMax = kQueriesPerCta * kTopK;  // 128 selections at most
 // The union, ascending by physical block (deterministic order for the dQ kernel), with each
 // block's packed K rows and the bit set of warps that selected it.
 struct BlockUnion {
-    int cand[kUnionMax];   // selection (warp, slot) as a physical block, -1 if none
-    int first[kUnionMax];  // 1 iff the selection is the first occurrence of its block
+    alignas(16) int cand[kUnionMax];  // selection (warp, slot) as a physical block, -1 if none
+    alignas(16) int first[kUnionMax];  // its block if the selection is the block's first occurrence, else INT_MAX
     int pb[kUnionMax];
     int start[kUnionMax];
     int count[kUnionMax];
@@ -48,16 +49,28 @@ __device__ __forceinline__ int build_block_union(BlockUnion& u, const int32_t* _
     }
     __syncthreads();
 
-    // O(128) scans over smem broadcasts: negligible next to one 64 KB K/V block.
+    // O(128) scans over shared-memory broadcasts, four candidates per load (the scans' load
+    // instructions bound this kernel: docs/perf/attention-forward-sm90.md).
     bool first = cand >= 0;
-    if (first)
-        for (int j = 0; j < tid; ++j) first = first && u.cand[j] != cand;
-    if (tid < kUnionMax) u.first[tid] = first;
+    if (first) {
+        const int4* quads = reinterpret_cast<const int4*>(u.cand);
+        for (int j = 0; j < (tid >> 2); ++j) {
+            const int4 x = quads[j];
+            first = first && x.x != cand && x.y != cand && x.z != cand && x.w != cand;
+        }
+        for (int j = tid & ~3; j < tid; ++j) first = first && u.cand[j] != cand;
+    }
+    if (tid < kUnionMax) u.first[tid] = first ? cand : INT_MAX;
     const int n = __syncthreads_count(first);
 
     if (cand >= 0) {
         int rank = 0;  // distinct blocks below cand
-        for (int j = 0; j < kUnionMax; ++j) rank += (u.first[j] && u.cand[j] < cand) ? 1 : 0;
+        const int4* quads = reinterpret_cast<const int4*>(u.first);
+#pragma unroll 8
+        for (int j = 0; j < kUnionMax / 4; ++j) {
+            const int4 x = quads[j];
+            rank += (x.x < cand) + (x.y < cand) + (x.z < cand) + (x.w < cand);
+        }
         if (first) {
             const BlockKeys bk = block_keys(v, cand);
             u.pb[rank] = cand;
