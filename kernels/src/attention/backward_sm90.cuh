@@ -65,7 +65,7 @@ struct TileInfo {
     int nv[kTileQueries];
 };
 
-// kDet double-buffers the dQ staging (the writer warp's wait for its turn and for each add to
+// kDet double-buffers the dQ staging (a writer warp's wait for its turn and for each add to
 // complete overlaps the next tile): 209 KB instead of 177.
 template <bool kDet>
 struct Smem {
@@ -251,7 +251,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
 
             // Stage dQ (4 chunks in fragment order, attention/dq_fragments.cuh: warp w holds query
             // slot w) once the previous tile's reductions have read the staging buffer, then reduce
-            // it per query: the issuer thread, or (kDet) the writer warp, in the order of its
+            // it per query: the issuer thread, or (kDet) a writer warp, in the order of its
             // semaphores. The barrier also keeps the next tile's dS^T writes after both warpgroups'
             // dQ products. (Per-warpgroup staging and reductions with dS^T double-buffered, so that
             // the warpgroups meet once per tile, measured 6% slower: docs/perf.)
@@ -293,10 +293,11 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             if (slot >= 0) {
                 // The split row's items add in rank order: rank 0 stores, the others add to what
                 // the lower ranks left (read from L2: this SM's L1 may hold an older copy).
-                // First the writer finishes this item's dQ tiles: CTAs waiting on them may be
+                // First the writers finish this item's dQ tiles: CTAs waiting on them may be
                 // what the wait below waits on.
-                const int last = tile_it - 1;  // reduced last, so every earlier tile is too
+                const int last = tile_it - 1;  // each writer reduces in order: the last two tiles
                 mbar_wait(&sm.dq_empty[last & 1], (last >> 1) & 1);
+                if (last >= 1) mbar_wait(&sm.dq_empty[(last - 1) & 1], ((last - 1) >> 1) & 1);
                 const int rank = p.dkv_rank[it];
                 int32_t* sem = p.dkv_sem + slot;
                 if (issuer) {
@@ -374,10 +375,13 @@ __device__ __forceinline__ void tile_entry(const Params& p, int g, int e, int en
     }
 }
 
-// kDet: warp 1 of the producer warpgroup reduces each staged dQ tile, lane s the query of slot s:
-// it waits until the query's counter reaches the entry's rank (backward_order.cuh), adds, waits
-// for the add to complete and be visible, and moves the counter on; then frees the staging.
-__device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p) {
+// kDet: warps 1 and 2 of the producer warpgroup reduce the staged dQ tiles, writer w those staged
+// in buffer w (even / odd tiles), lane s the query of slot s: it waits until the query's counter
+// reaches the entry's rank (backward_order.cuh), adds, waits for the add to complete and be
+// visible, and moves the counter on; then frees the staging. Two writers keep two tiles' turn
+// and add round trips in flight. Each writer takes its tiles in program order and waits only for
+// smaller keys, so the order's deadlock argument holds as for one writer.
+__device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p, int w) {
     const int lane = threadIdx.x & 31;
     const int n_items = p.counts[0];
     int tile_it = 0;
@@ -385,6 +389,7 @@ __device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p) {
         const int4 item = p.items[it];
         const int g = item.x;
         for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
+            if ((tile_it & 1) != w) continue;
             int t, nv;
             tile_entry<true>(p, g, e, item.w, kBlock, lane, t, nv);
             int32_t* sem = nullptr;
@@ -414,13 +419,13 @@ __device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p) {
     }
 }
 
-// Warps 2 and 3 of the producer warpgroup: zeros into dK, dV of every (group, block) row with no
-// CSR entry, rows strided over the grid's 2 x gridDim.x warps; a warp stores two key rows
-// (2 x 256 bytes of one group's 128 columns) per instruction.
-__device__ __forceinline__ void zero_unselected(const Params& p, int w) {
+// The producer warpgroup's spare warps (2 and 3; kDet: 3), warp w of nw: zeros into dK, dV of every
+// (group, block) row with no CSR entry, rows strided over the grid's nw x gridDim.x warps; a warp
+// stores two key rows (2 x 256 bytes of one group's 128 columns) per instruction.
+__device__ __forceinline__ void zero_unselected(const Params& p, int w, int nw) {
     const int lane = threadIdx.x & 31, P = p.varlen.padded_kv_blocks;
     const uint4 z = make_uint4(0, 0, 0, 0);
-    for (int r = 2 * blockIdx.x + w; r < kGroups * P; r += 2 * gridDim.x) {
+    for (int r = nw * blockIdx.x + w; r < kGroups * P; r += nw * gridDim.x) {
         const int g = r / P, pb = r - g * P;
         const int32_t* row_ptr = p.phys_row_ptr + static_cast<int64_t>(g) * (P + 1);
         if (row_ptr[pb + 1] != row_ptr[pb]) continue;
@@ -527,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         regs_dealloc<40>();
         if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
         if constexpr (kDet)
-            if (warp == 1) dq_writer(sm, p);
-        if (warp >= 2) zero_unselected(p, warp - 2);
+            if (warp == 1 || warp == 2) dq_writer(sm, p, warp - 1);
+        if (warp >= (kDet ? 3 : 2)) zero_unselected(p, warp - (kDet ? 3 : 2), kDet ? 1 : 2);
     } else {
         regs_alloc<232>();
         consumer<kDet>(sm, p, warp / 4 - 1);
