@@ -5,7 +5,7 @@
 #   FINAL_JOBS="suite1 suite2 edge sanitize torch real" bash scripts/device/final-check.sh
 #   (repo root; .gpu-bundle and target/wheels carried)
 # Jobs: suite1 (prepare, task build, reference, indexer, KL, pre/post), suite2 (graphs,
-# deterministic), edge (attention_matches on the sm_90a set), sanitize (racecheck, memcheck), cp
+# deterministic), edge (attention_matches on the sm_90a set, in three shards), sanitize (racecheck, memcheck), cp
 # (msa run --cp on one GPU), torch (the msa-torch suite and the example training step on two real
 # ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three shards). FINAL_SKIP_TIMING=1
 # skips the timings, FINAL_OVERHEAD=0 the host-overhead one. Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
@@ -38,7 +38,9 @@ jobs="${FINAL_JOBS:-suite1 suite2 edge sanitize torch real}"
 for n in $jobs; do case "$n" in
   suite1) job suite1 ./gpu-suite --test-threads=1 prepare:: task_build:: attention::empty reference:: indexer:: kl:: pre_post:: ;;
   suite2) job suite2 ./gpu-suite --test-threads=1 graph:: attention::deterministic ;;
-  edge) job edge env MSA_KERNEL_SETS=sm90 ./gpu-suite attention_matches --nocapture ;;
+  edge) for s in 0..11 11..22 22..33; do
+          job "edge${s%..*}" env MSA_KERNEL_SETS=sm90 MSA_EDGE_GROUPS="$s" ./gpu-suite attention_matches --nocapture
+        done ;;
   sanitize) job sanitize bash -c "compute-sanitizer --tool racecheck --error-exitcode 7 ./gpu-suite attention::sanitizer_small --exact 2>&1 | tail -3; compute-sanitizer --tool memcheck --error-exitcode 7 ./gpu-suite attention::sanitizer_small --exact 2>&1 | tail -3" ;;
   cp) job cp bash "$R/scripts/gpu-cp.sh" ./msa "$F/cp/out" ;;
   torch) job torch bash -c "cd $R && MSA_TORCH_SITE=/tmp/site-t MSA_TORCH_PROFILE=0 bash crates/msa-torch/tests/run_gpu.sh -k 'not overhead'; for r in c151r7 c434r2; do PYTHONPATH=/tmp/site-t python3 crates/msa-torch/examples/train_step.py --rank \$r; echo \"train_step \$r rc=\$?\"; done" ;;
