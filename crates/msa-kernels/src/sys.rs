@@ -708,12 +708,12 @@ unsafe extern "C" {
         params: *const MsaAttnFwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 64, 128] f32, the\n work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the\n dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned\n (P = varlen.padded_kv_blocks)."]
+    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the\n main kernel's fragment order, attention/dq_fragments.cuh), the\n work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the\n dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned\n (P = varlen.padded_kv_blocks)."]
     pub fn msa_attn_backward_sm90_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability\n 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR\n (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:\n zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR\n entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one\n persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not\n bitwise repeatable); the dK/dV finisher (grid (P, 4), 128 threads); the dQ cast. Reads q, k, v,\n dout, lse, delta, varlen, phys_row_ptr, phys_q_indices, phys_valid."]
+    #[doc = " dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability\n 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR\n (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:\n zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR\n entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one\n persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not\n bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the dK/dV finisher\n (grid (P, 4), 128 threads); the dQ cast (grid 2 T, 256 threads). Reads q, k, v, dout, lse,\n delta, varlen, phys_row_ptr, phys_q_indices, phys_valid."]
     pub fn msa_attn_backward_sm90(
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
