@@ -211,8 +211,7 @@ int main(int argc, char** argv) {
             run_main();
             msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, false, dk, dv);
             CK(cudaGetLastError());
-            msa::bwd90::dq_fragment_cast_kernel<<<h.T * 4 / msa::bwd90::kCastChunks, msa::bwd90::kCastThreads>>>(dq_acc, dq);
-            CK(cudaGetLastError());
+            CK(msa::bwd90::launch_dq_cast(dq_acc, dq, h.T, nullptr));
         };
 
         run_v1();

@@ -124,10 +124,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
         MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
                        a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
                        vl, !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv));
-    if (vl.total_q > 0)
-        MSA_TRY(launch(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(vl.total_q) * kGroups / kCastChunks), dim3(kCastThreads),
-                       stream, static_cast<const float*>(dq_accum), a.dq));
-    return cudaSuccess;
+    return launch_dq_cast(dq_accum, a.dq, vl.total_q, stream);
 }
 
 }  // namespace

@@ -529,11 +529,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     if (warp < 4) {
+        constexpr int kZeroWarp = kDet ? 3 : 2;  // the first after the producer (and the writers)
         regs_dealloc<40>();
         if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
         if constexpr (kDet)
             if (warp == 1 || warp == 2) dq_writer(sm, p, warp - 1);
-        if (warp >= (kDet ? 3 : 2)) zero_unselected(p, warp - (kDet ? 3 : 2), kDet ? 1 : 2);
+        if (warp >= kZeroWarp) zero_unselected(p, warp - kZeroWarp, 4 - kZeroWarp);
     } else {
         regs_alloc<232>();
         consumer<kDet>(sm, p, warp / 4 - 1);

@@ -18,24 +18,22 @@
 #include <cstdint>
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include "common/constants.cuh"
+#include "common/launch.cuh"
 
 namespace msa::bwd90 {
 
 constexpr int kDqChunk = kHeadsPerGroup * kHeadDim;  // floats per (query, group)
 constexpr int kDqHalf = kDqChunk / 2;                // one warpgroup's 64 columns
 
-// Index in a chunk of (head hh of the group, column d).
-__host__ __device__ constexpr int dq_fragment_index(int hh, int d) {
-    return (d >> 6) * kDqHalf + ((d & 63) >> 3) * 128 + (4 * (hh & 7) + ((d & 7) >> 1)) * 4 + 2 * (hh >> 3) + (d & 1);
-}
-
 namespace {  // internal linkage: each including translation unit launches its own
 
 constexpr int kCastThreads = 256;
-constexpr int kCastChunks = 2;            // chunks per CTA
-constexpr int kCastRowWords = 64 + 4;     // a bf16 row of 128 columns, padded: conflict-free stores
+constexpr int kCastChunks = 2;         // chunks per CTA
+constexpr int kCastRowWords = 64 + 4;  // a bf16 row of 128 columns, padded: conflict-free stores
+static_assert(kGroups % kCastChunks == 0, "a CTA's chunks are whole: the grid is 4T / kCastChunks");
 
 // dq [T, 64, 128] bf16 (round to nearest even) from the fragment-order accumulator; a CTA per two
 // chunks: coalesced float4 loads (one accumulator quad = two bf16 pairs of heads hh and hh + 8),
@@ -64,11 +62,13 @@ __global__ void __launch_bounds__(kCastThreads)
     }
 }
 
-}  // namespace
+// dq from the accumulator of total_q queries (nothing to launch for none).
+inline cudaError_t launch_dq_cast(const float* accum, uint16_t* dq, int total_q, cudaStream_t stream) {
+    if (total_q <= 0) return cudaSuccess;
+    return launch(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(total_q) * kGroups / kCastChunks),
+                  dim3(kCastThreads), stream, accum, dq);
+}
 
-static_assert(dq_fragment_index(0, 0) == 0 && dq_fragment_index(15, 127) == kDqChunk - 1,
-              "the fragment order permutes one chunk");
-static_assert(dq_fragment_index(1, 0) == 16 && dq_fragment_index(0, 2) == 4 && dq_fragment_index(8, 0) == 2,
-              "lane 4 holds head 1, lane 1 columns 2-3, r = 1 heads 8-15");
+}  // namespace
 
 }  // namespace msa::bwd90
