@@ -5,13 +5,14 @@
 # medians), variant after variant; with VAR_ROUNDS=2 (the default) a second round in the reverse
 # order, so that a drift of the GPU's clocks shows as a difference between the rounds.
 #   VAR_NAMES="base A B" VAR_STAGES=backward,backward_det bash scripts/device/variants-bench.sh
+# (VAR_M5=0 skips M5.)
 # Logs and JSON in $OUT/var.tgz (scripts/ab-compare.py OLD NEW prints per-row ratios).
 set -uo pipefail
 R="$PWD"; F="$OUT/var"; mkdir -p "$F"
 names="${VAR_NAMES:-base A B}"; stages="${VAR_STAGES:-backward,backward_det}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 for v in $names; do
-  [ -x "$R/.gpu-bundle/var/$v/m5" ] || continue
+  [ "${VAR_M5:-1}" = 1 ] && [ -x "$R/.gpu-bundle/var/$v/m5" ] || continue
   (cd "$R/.gpu-bundle/var/$v" && timeout 120 ./m5 "${VAR_M5_ITERS:-10}" > "$F/m5-$v.log" 2>&1; echo "m5 $v rc=$?")
   grep -E "^(case|[0-9a-z])|M5" "$F/m5-$v.log" | tail -8
 done

@@ -29,6 +29,7 @@
 #include "msa/common.h"
 #include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
+#include "common/dependent_launch.cuh"
 #include "common/launch.cuh"
 #include "common/varlen.cuh"
 #include "common/sm90/arch.cuh"
@@ -554,6 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_fence_init();
     }
     __syncthreads();
+    grid_dependency_wait();  // tile_order_kernel's run list (the prologue above overlapped it)
     if (warp < 4) {
         regs_dealloc<40>();
         if (warp == 0) producer(sm, p, &qmap, &kmap, &vmap);
@@ -613,8 +615,8 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
         MSA_TRY(sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box));
     }
     const int items = kGroups * p.tiles;
-    return launch_smem(forward_kernel<kSchedule>, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes, stream,
-                       qmap, kmap, vmap, p);
+    return launch_dependent(forward_kernel<kSchedule>, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes,
+                            stream, qmap, kmap, vmap, p);
 }
 
 // The whole sm_90a forward of msa_attn_forward: tile unions, then the streaming kernel over
@@ -640,8 +642,9 @@ inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     MSA_TRY(launch(tile_union_kernel, dim3(p.tiles, kGroups), dim3(kTileUnionThreads), stream, a.topk, vl,
                    counts, const_cast<int4*>(p.entries), const_cast<int32_t*>(p.wpos)));
     const int items = kGroups * p.tiles;
-    MSA_TRY(launch(tile_order_kernel, dim3(1), dim3(kTileOrderThreads), stream, static_cast<const int32_t*>(counts), items,
-                   forward_grid(items, sms), const_cast<int2*>(p.run)));
+    MSA_TRY(launch_dependent(tile_order_kernel, dim3(1), dim3(kTileOrderThreads), 0, stream,
+                             static_cast<const int32_t*>(counts), items, forward_grid(items, sms),
+                             const_cast<int2*>(p.run)));
     return launch_forward<Schedule::kStream>(a.q, a.k, a.v, p, sms, stream);
 }
 

@@ -17,6 +17,7 @@
 #include "common/constants.cuh"
 #include "common/varlen.cuh"
 #include "attention/block_union.cuh"
+#include "common/dependent_launch.cuh"
 #include "common/lpt_order.cuh"
 
 namespace msa {
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kTileUnionThreads)
     tile_union_kernel(const int32_t* __restrict__ topk, const MsaVarlen varlen, int32_t* __restrict__ counts,
                       int4* __restrict__ entries, int32_t* __restrict__ wpos) {
     __shared__ BlockUnion u;
+    allow_dependents();  // tile_order_kernel waits for this grid's completion anyway
     const int g = blockIdx.y, tile = blockIdx.x;
     const int t0 = tile * kQueriesPerCta;
     const int n = build_block_union<kTileUnionThreads>(u, topk, varlen, g, t0);
@@ -48,6 +50,8 @@ __global__ void __launch_bounds__(kTileUnionThreads)
 __global__ void __launch_bounds__(kTileOrderThreads)
     tile_order_kernel(const int32_t* __restrict__ counts, int items, int grid, int2* __restrict__ run) {
     __shared__ LptSmem<kTileOrderThreads> lpt;
+    grid_dependency_wait();  // tile_union_kernel's counts
+    allow_dependents();
     lpt_order<kTileOrderThreads>(
         lpt, items, grid, [&](int i) { return counts[i]; },
         [&](int i, int pos) { run[pos] = make_int2(i, counts[i]); });

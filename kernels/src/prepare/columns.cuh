@@ -74,6 +74,8 @@ __global__ void __launch_bounds__(kLevelThreads, kLevelCtasPerSm) level_kernel(M
     __shared__ int rows_before;
     __shared__ int tile_first[kLevelThreads];
     __shared__ int tile_count[kIndexHeads][kLevelThreads];
+    grid_dependency_wait();  // select_kernel's bitmap
+    allow_dependents();
     const int level = blockIdx.x;
     const int warp = int(threadIdx.x / 32u);
     const int lane = int(threadIdx.x % 32u);
@@ -226,6 +228,8 @@ __device__ int scan_segment(const int* __restrict__ in, int len, int* __restrict
 // the error word, the last chunk CTA work_count and the work offsets' final entry.
 __global__ void __launch_bounds__(kOffsetThreads) offsets_kernel(MsaVarlen v, OffsetArgs a) {
     __shared__ OffsetSmem sm;
+    grid_dependency_wait();  // level_kernel's counts
+    allow_dependents();
     const int job = int(blockIdx.x) / kIndexHeads;
     const int h = int(blockIdx.x) % kIndexHeads;
     const int R = v.total_rows;

@@ -22,6 +22,7 @@ __device__ __forceinline__ int entry_code(int value, bool dup, int own_block, in
 __global__ void __launch_bounds__(kThreads)
     select_kernel(const int* __restrict__ topk, MsaVarlen v, Bitmap bm, int tiles,
                   unsigned long long* fault, int* split_counts) {
+    allow_dependents();  // level_kernel waits for this grid's completion anyway
     const QueryThread t = query_thread(v.total_q, tiles);
     const int lane = int(threadIdx.x % 32u);
     TopkRow row{};

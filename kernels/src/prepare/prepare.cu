@@ -26,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/dependent_launch.cuh"
 #include "common/launch.cuh"
 #include "prepare/columns.cuh"
 #include "prepare/edges.cuh"
@@ -82,7 +83,7 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     rt.doc_ws = out.document_workspace_starts;
     rt.doc_qoff = out.query_offsets;
     rt.target = target_q_per_cta;
-    MSA_TRY(launch(level_kernel, unsigned(plan.levels), kLevelThreads, s, varlen, bm, rt));
+    MSA_TRY(launch_dependent(level_kernel, unsigned(plan.levels), kLevelThreads, 0, s, varlen, bm, rt));
 
     OffsetArgs oa;
     oa.fault = fault;
@@ -94,7 +95,7 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     oa.phys_row_ptr = out.phys_row_ptr;
     oa.work_count = out.work_count;
     oa.error_word = out.error_word;
-    MSA_TRY(launch(offsets_kernel, 3 * kIndexHeads, kOffsetThreads, s, varlen, oa));
+    MSA_TRY(launch_dependent(offsets_kernel, 3 * kIndexHeads, kOffsetThreads, 0, s, varlen, oa));
 
     ScatterArgs sa;
     sa.topk = topk;
@@ -117,7 +118,7 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     sa.capacity = work_capacity;
     sa.tiles = plan.tiles;
     sa.query_ctas = query_ctas;
-    MSA_TRY(launch(scatter_kernel, query_ctas + grid_for(work_capacity), kThreads, s, varlen, bm, sa));
+    MSA_TRY(launch_dependent(scatter_kernel, query_ctas + grid_for(work_capacity), kThreads, 0, s, varlen, bm, sa));
     return cudaSuccess;
 }
 

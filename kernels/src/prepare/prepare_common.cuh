@@ -4,6 +4,7 @@
 
 #include "msa/common.h"
 #include "common/constants.cuh"
+#include "common/dependent_launch.cuh"
 #include "common/varlen.cuh"
 
 namespace msa {

@@ -152,6 +152,7 @@ __device__ __forceinline__ void work_item(const MsaVarlen& v, const ScatterArgs&
 }
 
 __global__ void __launch_bounds__(kThreads, kScatterCtasPerSm) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
+    grid_dependency_wait();  // offsets_kernel's tables
     if (blockIdx.x < a.query_ctas) {
         const QueryThread t = query_thread(v.total_q, a.tiles);
         scatter_query(v, bm, a, t);  // first: its loads would wait behind the tails' stores

@@ -1,0 +1,55 @@
+// Programmatic dependent launch (compute capability 9.0+): a kernel started by launch_dependent
+// may be scheduled while the stream's previous kernel finishes, so its launch and prologue hide
+// behind that kernel's last wave instead of following it. It must call grid_dependency_wait()
+// before it touches memory that earlier stream work writes (the wait returns once the previous
+// kernel has completed and its writes are visible; transitively, everything before it). A kernel
+// lets its dependent launch early by allow_dependents() (the dependent still waits for its
+// completion). Below sm_90, and without a programmatic launch, both are no-ops.
+#pragma once
+
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "common/arch_dispatch.cuh"
+#include "common/launch.cuh"
+
+namespace msa {
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's
+// previous kernel where the device supports it (a plain launch elsewhere). Only for kernels that
+// call grid_dependency_wait() first; smem above 48 KB is opted in as launch_smem does.
+template <class... Params, class... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             Args&&... args) {
+    int sm = 0;
+    MSA_TRY(current_device_sm(&sm));
+    if (smem > 48 * 1024)
+        MSA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = sm >= 90 ? 1 : 0;
+    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    return cudaGetLastError();
+}
+
+}  // namespace msa
