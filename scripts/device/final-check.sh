@@ -8,7 +8,8 @@
 # deterministic), edge (attention_matches on the sm_90a set, in three shards), sanitize (racecheck, memcheck), cp
 # (msa run --cp on one GPU), torch (the msa-torch suite and the example training step on two real
 # ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three shards). FINAL_SKIP_TIMING=1
-# skips the timings, FINAL_OVERHEAD=0 the host-overhead one. Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
+# skips the timings, FINAL_OVERHEAD=0 the host-overhead one; FINAL_PATTERNS=random,b0p99,indexer
+# also times those patterns (forward, both backward modes, 3 iterations) on the quiet GPU. Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
 R="$PWD"; b="$R/.gpu-bundle"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
 mkdir -p "$OUT/f"; F="$OUT/f"
@@ -18,6 +19,12 @@ echo "=== bench (dev suite)"
 (cd "$b" && timeout 120 ./msa bench --suite ../data/cases/dev_bench.json --pattern recent16 \
    --stages prepare,forward,backward,backward_det --warmup 1 --iters 5 --json "$F/bench.jsonl" > "$F/bench.log" 2>&1; echo "rc=$?")
 sed -n '/^summary/,$p' "$F/bench.log"; grep -E "prepare as %" "$F/bench.log"
+if [ -n "${FINAL_PATTERNS:-}" ]; then
+echo "=== bench (dev suite, $FINAL_PATTERNS)"
+(cd "$b" && timeout 240 ./msa bench --suite ../data/cases/dev_bench.json --pattern "$FINAL_PATTERNS" \
+   --stages forward,backward,backward_det --warmup 1 --iters 3 --json "$F/patterns.jsonl" > "$F/patterns.log" 2>&1; echo "rc=$?")
+sed -n '/^summary/,/^prepare as/p' "$F/patterns.log" | grep -E "^  [a-z0-9]+ +(forward|backward)"
+fi
 echo "=== peers"
 (cd "$b" && timeout 60 python3 bench_peers.py "$F/peers.jsonl" --layouts "$F/bench.jsonl" --iters 10 > "$F/peers.log" 2>&1; echo "rc=$?"); tail -n 12 "$F/peers.log"
 if [ "${FINAL_OVERHEAD:-1}" = 1 ]; then
