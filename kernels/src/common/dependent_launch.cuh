@@ -1,10 +1,12 @@
-// Programmatic dependent launch (compute capability 9.0+): a kernel started by launch_dependent
+// Programmatic dependent launch (Hopper's sm_90a code): a kernel started by launch_dependent
 // may be scheduled while the stream's previous kernel finishes, so its launch and prologue hide
 // behind that kernel's last wave instead of following it. It must call grid_dependency_wait()
 // before it touches memory that earlier stream work writes (the wait returns once the previous
 // kernel has completed and its writes are visible; transitively, everything before it). A kernel
 // lets its dependent launch early by allow_dependents() (the dependent still waits for its
-// completion). Below sm_90, and without a programmatic launch, both are no-ops.
+// completion). Both compile to nothing below sm_90 (the sm_80 SASS and the compute_80 PTX that
+// newer GPUs JIT), so launch_dependent launches programmatically only where the sm_90a code runs
+// (runs_sm90a): elsewhere the kernels have no wait and must not overlap their predecessor.
 #pragma once
 
 #include <utility>
@@ -29,7 +31,7 @@ __device__ __forceinline__ void allow_dependents() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's
-// previous kernel where the device supports it (a plain launch elsewhere). Only for kernels that
+// previous kernel on compute capability 9.0 (a plain launch elsewhere). Only for kernels that
 // call grid_dependency_wait() first; smem above 48 KB is opted in as launch_smem does.
 template <class... Params, class... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -47,7 +49,7 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = sm >= 90 ? 1 : 0;
+    cfg.numAttrs = runs_sm90a(sm) ? 1 : 0;
     MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
     return cudaGetLastError();
 }
