@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
         int* valid = upload(csr.valid);
         auto build_items = [&] {
             msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, grid, rows, items, order,
-                                                                        position, split_slot, counts);
+                                                                        position, split_slot, counts,
+                                                                        msa::ZeroRanges{});
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
