@@ -94,6 +94,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+constexpr float kLazyLog2 = 8.f;  // RowSoftmax::step: P stays <= 256 between max moves
+
 // Row state of one thread: rows r0 = lane/4 and r1 = r0 + 8 of its warp.
 struct RowSoftmax {
     float m[2];  // running max of raw scores
@@ -106,7 +108,11 @@ struct RowSoftmax {
 
     // Masks columns >= n_visible, updates the running max, turns s into P (fp32) and returns
     // the factors that rescale O. Call only when n_visible > 0 (then every row has a visible
-    // key, so the new max is finite).
+    // key, so the new max is finite). The max moves only when a row of the warp grew past it by
+    // more than 2^kLazyLog2 in P's scale (FlashAttention-4's lazy rescaling): P <= 2^kLazyLog2
+    // meanwhile, exact since O and l share the max, and rescale() skips O's 64 multiplies on
+    // most blocks (with a strict max, block j of i.i.d. scores moves each row's max with
+    // probability 1/j, so one of a warp's 16 rows almost always does).
     __device__ __forceinline__ void step(float (&s)[64], int n_visible, float (&corr)[2]) {
         const int c = 2 * (threadIdx.x & 3);
         if (n_visible < kBlock) {
@@ -126,8 +132,15 @@ struct RowSoftmax {
         for (int r = 0; r < 2; ++r) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            corr[r] = ex2((m[r] - mx[r]) * kScaleLog2e);  // 0 on the first visible block
-            m[r] = mx[r];
+        }
+        // -inf (no visible key yet) always moves: corr 0 restarts O and l.
+        const bool move = __any_sync(0xffffffffu, (mx[0] - m[0]) * kScaleLog2e > kLazyLog2 ||
+                                                      (mx[1] - m[1]) * kScaleLog2e > kLazyLog2);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            // Selects, not a branch: the previous block's PV may be in flight on O.
+            corr[r] = move ? ex2((m[r] - mx[r]) * kScaleLog2e) : corr[r];
+            m[r] = move ? mx[r] : m[r];
             l[r] *= corr[r];
         }
         const float mb0 = m[0] * kScaleLog2e, mb1 = m[1] * kScaleLog2e;
