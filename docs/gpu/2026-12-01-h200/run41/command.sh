@@ -8,6 +8,7 @@
 # (three shards), the empty-selection test, racecheck and memcheck on the small all-kernel case.
 set -uo pipefail
 R="$PWD"; T0=$SECONDS
+mkdir -p "$R/.gpu-bundle/var/new" && cp "$R/.gpu-bundle/msa" "$R/.gpu-bundle/var/new/msa"  # carried once
 VAR_NAMES="base new" VAR_STAGES=prepare,forward,backward,backward_det VAR_M5=0 VAR_LIMIT=100 \
   bash scripts/device/variants-bench.sh
 mv "$OUT/var.tgz" "$OUT/var-new.tgz"
