@@ -153,8 +153,7 @@ int main(int argc, char** argv) {
         int* valid = upload(csr.valid);
         auto build_items = [&] {
             msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, grid, rows, items, order,
-                                                                        position, split_slot, counts,
-                                                                        msa::ZeroRanges{});
+                                                                        position, split_slot, counts);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.

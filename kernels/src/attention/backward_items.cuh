@@ -3,16 +3,13 @@
 // consecutive entries, ids head-major and blocks ascending; a row cut into several items gets the
 // next dK/dV accumulator slot. The main kernel's list is the longest-first run order for its grid
 // (common/lpt_order.cuh). One CTA scans the 4 P rows in chunks of its size, so the tables are
-// built without a host round trip (graph-capturable) and equal the mirror word for word. The
-// launch's other CTAs zero the main kernel's accumulators meanwhile: a bandwidth-bound memset
-// that hides the single-CTA build (~19 µs on a long rank).
+// built without a host round trip (graph-capturable) and equal the mirror word for word.
 #pragma once
 
 #include <cstdint>
 
 #include "msa/common.h"
 #include "common/constants.cuh"
-#include "common/dependent_launch.cuh"
 #include "common/lpt_order.cuh"
 #include "common/scan.cuh"
 
@@ -22,34 +19,16 @@ constexpr int kKvItemQueries = MSA_KV_ITEM_QUERIES;
 constexpr int kItemBuildThreads = 1024;
 constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
 
-// Up to two 16-byte aligned ranges of n[i] float4 each, zeroed by the item build's launch.
-struct ZeroRanges {
-    float4* at[2];
-    int64_t n[2];
-};
-
-// CTAs of the item build's launch that zero `z` on `sms` SMs: none when there is nothing to zero.
-inline int item_zero_ctas(const ZeroRanges& z, int sms) { return z.n[0] + z.n[1] > 0 ? 2 * sms : 0; }
-
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each
 // position, position [capacity] = the position of each id; split_slot [4, P]; counts [2] =
-// (items, slots). CTA 0 builds; CTAs 1.. zero `zero` (grid 1 + item_zero_ctas). Internal linkage,
-// as every header kernel.
+// (items, slots). Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int grid,
                           int4* __restrict__ rows_out, int4* __restrict__ items, int32_t* __restrict__ order,
                           int32_t* __restrict__ position, int32_t* __restrict__ split_slot,
-                          int32_t* __restrict__ counts, ZeroRanges zero) {
-    allow_dependents();  // the next kernel waits for this grid's completion anyway
-    if (blockIdx.x > 0) {
-        const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * kItemBuildThreads;
-        const int64_t first = static_cast<int64_t>(blockIdx.x - 1) * kItemBuildThreads + threadIdx.x;
-        for (int r = 0; r < 2; ++r)
-            for (int64_t i = first; i < zero.n[r]; i += stride) zero.at[r][i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        return;
-    }
+                          int32_t* __restrict__ counts) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
     const int rows = kGroups * blocks;

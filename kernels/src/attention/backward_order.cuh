@@ -59,8 +59,6 @@ __device__ __forceinline__ uint64_t dkv_key(int4 item, int start, int it, int gr
 __global__ void __launch_bounds__(kOrderThreads)
     backward_order_start_kernel(const int4* __restrict__ items, const int32_t* __restrict__ counts, int grid,
                                 int32_t* __restrict__ item_start) {
-    grid_dependency_wait();  // the previous kernel's tables
-    allow_dependents();
     constexpr int kUnroll = 8;
     const int n = counts[0];
     for (int c = threadIdx.x; c < grid; c += blockDim.x) {
@@ -95,8 +93,6 @@ __global__ void __launch_bounds__(kOrderEntryThreads)
                                const int32_t* __restrict__ phys_q_indices, int total_q, int blocks, int grid,
                                int32_t* __restrict__ tg_count, uint64_t* __restrict__ lists,
                                int32_t* __restrict__ dkv_rank) {
-    grid_dependency_wait();  // the previous kernel's tables
-    allow_dependents();
     const int n = counts[0];
     const int64_t per_group = static_cast<int64_t>(total_q) * kTopK;
     for (int it = blockIdx.x; it < n; it += gridDim.x) {
@@ -136,8 +132,6 @@ __global__ void __launch_bounds__(kOrderEntryThreads)
                                 const int32_t* __restrict__ item_start, const int32_t* __restrict__ phys_q_indices,
                                 int total_q, int grid, const int32_t* __restrict__ tg_count,
                                 const uint64_t* __restrict__ lists, uint8_t* __restrict__ dq_rank) {
-    grid_dependency_wait();  // the previous kernel's tables
-    allow_dependents();
     const int n = counts[0];
     const int64_t per_group = static_cast<int64_t>(total_q) * kTopK;
     for (int it = blockIdx.x; it < n; it += gridDim.x) {

@@ -1,7 +1,7 @@
 // The sm_90a backward (msa_attn_backward_sm90, and its deterministic mode
 // msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the dK/dV
 // finisher of attention/backward_sm90.cuh, with the dQ accumulator (attention/dq_fragments.cuh)
-// zeroed first (beside the item build) and cast last;
+// zeroed first and cast last;
 // the deterministic mode builds the order of attention/backward_order.cuh in between. Compute
 // capability 9.0 only: other devices take the mma.sync backward.
 #include <cstdint>
@@ -11,7 +11,6 @@
 #include "msa/attention.h"
 #include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
-#include "common/dependent_launch.cuh"
 #include "common/launch.cuh"
 #include "attention/backward_items.cuh"
 #include "attention/backward_order.cuh"
@@ -75,18 +74,11 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
 
-    // The item build zeroes dq_accum (kDet: and the order's counters) in the same launch; every
-    // later kernel is a programmatic dependent that waits for its predecessor before its first
-    // global access (common/dependent_launch.cuh), so each launch hides behind the last wave.
-    ZeroRanges zero{{reinterpret_cast<float4*>(dq_accum), nullptr}, {static_cast<int64_t>(w.items / 16), 0}};
-    if constexpr (kDet) {
-        zero.at[1] = reinterpret_cast<float4*>(base + w.tg_count);
-        zero.n[1] = static_cast<int64_t>((w.item_start - w.tg_count) / 16);
-    }
+    MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
     const int grid = backward_grid(w.item_capacity, sms);
-    MSA_TRY(launch(backward_items_kernel, dim3(1 + item_zero_ctas(zero, sms)), dim3(kItemBuildThreads), stream,
-                   a.phys_row_ptr, vl.padded_kv_blocks, w.item_capacity, grid, reinterpret_cast<int4*>(base + w.rows),
-                   items, order, position, split_slot, counts, zero));
+    MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
+                   vl.padded_kv_blocks, w.item_capacity, grid, reinterpret_cast<int4*>(base + w.rows), items, order,
+                   position, split_slot, counts));
     Params p{};
     if constexpr (kDet) {
         int32_t* tg_count = reinterpret_cast<int32_t*>(base + w.tg_count);
@@ -94,26 +86,25 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
         int32_t* dkv_rank = reinterpret_cast<int32_t*>(base + w.dkv_rank);
         uint64_t* lists = reinterpret_cast<uint64_t*>(base + w.lists);
         uint8_t* dq_rank = reinterpret_cast<uint8_t*>(base + w.dq_rank);
-        MSA_TRY(launch_dependent(backward_order_start_kernel, dim3(1), dim3(kOrderThreads), 0, stream,
-                                 static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid,
-                                 item_start));
-        MSA_TRY(launch_dependent(backward_order_keys_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), 0, stream,
-                                 static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
-                                 static_cast<const int32_t*>(order), static_cast<const int32_t*>(position),
-                                 static_cast<const int32_t*>(item_start), a.phys_row_ptr, a.phys_q_indices,
-                                 vl.total_q, vl.padded_kv_blocks, grid, tg_count, lists, dkv_rank));
-        MSA_TRY(launch_dependent(backward_order_ranks_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), 0, stream,
-                                 static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
-                                 static_cast<const int32_t*>(item_start), a.phys_q_indices, vl.total_q, grid,
-                                 static_cast<const int32_t*>(tg_count), static_cast<const uint64_t*>(lists),
-                                 dq_rank));
+        MSA_TRY(cudaMemsetAsync(tg_count, 0, w.item_start - w.tg_count, stream));  // + dq_sem, dkv_sem
+        MSA_TRY(launch(backward_order_start_kernel, dim3(1), dim3(kOrderThreads), stream,
+                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid, item_start));
+        MSA_TRY(launch(backward_order_keys_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
+                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
+                       static_cast<const int32_t*>(order), static_cast<const int32_t*>(position),
+                       static_cast<const int32_t*>(item_start), a.phys_row_ptr, a.phys_q_indices, vl.total_q,
+                       vl.padded_kv_blocks, grid, tg_count, lists, dkv_rank));
+        MSA_TRY(launch(backward_order_ranks_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
+                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
+                       static_cast<const int32_t*>(item_start), a.phys_q_indices, vl.total_q, grid,
+                       static_cast<const int32_t*>(tg_count), static_cast<const uint64_t*>(lists), dq_rank));
         p.dq_rank = dq_rank;
         p.dkv_rank = dkv_rank;
         p.dq_sem = reinterpret_cast<int32_t*>(base + w.dq_sem);
         p.dkv_sem = reinterpret_cast<int32_t*>(base + w.dkv_sem);
     } else {
-        MSA_TRY(launch_dependent(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), 0, stream,
-                                 static_cast<const int32_t*>(counts), reinterpret_cast<float4*>(dkv_acc)));
+        MSA_TRY(launch(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), stream,
+                       static_cast<const int32_t*>(counts), reinterpret_cast<float4*>(dkv_acc)));
     }
     p.items = items;
     p.counts = counts;
@@ -130,10 +121,9 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     p.dv = a.dv;
     MSA_TRY(launch_backward<kDet>(a.q, a.k, a.v, a.dout, p, w.item_capacity, sms, stream));
     if (vl.padded_kv_blocks > 0)
-        MSA_TRY(launch_dependent(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), 0,
-                                 stream, a.phys_row_ptr, static_cast<const int32_t*>(split_slot),
-                                 static_cast<const float*>(dkv_acc), vl,
-                                 !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv));
+        MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
+                       a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
+                       vl, !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv));
     return launch_dq_cast(dq_accum, a.dq, vl.total_q, stream);
 }
 

@@ -36,7 +36,6 @@
 #include "common/sm90/semaphore.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
-#include "common/dependent_launch.cuh"
 #include "attention/backward_order.cuh"
 #include "attention/dq_fragments.cuh"
 
@@ -507,7 +506,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap omap,
                     const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap, const Params p) {
 #if MSA_SM90A_ENABLED
-    allow_dependents();  // the dK/dV finisher waits for this grid's completion anyway
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     if ((smem_u32(smem_raw) & 1023u) != 0) __trap();
     Smem<kDet>& sm = *reinterpret_cast<Smem<kDet>*>(smem_raw);
@@ -530,7 +528,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_fence_init();
     }
     __syncthreads();
-    grid_dependency_wait();  // the item build (kDet: the order), the zeroed accumulators
     if (warp < 4) {
         constexpr int kZeroWarp = kDet ? 3 : 2;  // the first after the producer (and the writers)
         regs_dealloc<40>();
@@ -553,8 +550,6 @@ __global__ void __launch_bounds__(kBlock)
     backward_dkv_finish_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
                                const float* __restrict__ dkv_acc, const MsaVarlen varlen, bool zero_empty,
                                uint16_t* __restrict__ dk, uint16_t* __restrict__ dv) {
-    grid_dependency_wait();  // the main kernel's dK/dV and slots
-    allow_dependents();
     const int pb = blockIdx.x, g = blockIdx.y;
     const BlockKeys bk = block_keys(varlen, pb);
     const int32_t* row_ptr = phys_row_ptr + static_cast<int64_t>(g) * (varlen.padded_kv_blocks + 1);
@@ -582,8 +577,6 @@ __global__ void __launch_bounds__(kBlock)
 
 // Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
 __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, float4* __restrict__ dkv_acc) {
-    grid_dependency_wait();  // the item build's counts
-    allow_dependents();
     const int64_t n = static_cast<int64_t>(counts[1]) * 2 * kBlock * kHeadDim / 4;
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -626,8 +619,11 @@ inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const u
         if (e == cudaSuccess) e = sm90::encode_bf16_sw128(&vmap, v, 2, dims, strides, box);
         if (e != cudaSuccess) return e;
     }
-    return launch_dependent(backward_kernel<kDet>, dim3(backward_grid(capacity, sms)), dim3(kThreads),
-                            kSmemBytes<kDet>, stream, qmap, omap, kmap, vmap, p);
+    cudaError_t e =
+        cudaFuncSetAttribute(backward_kernel<kDet>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<kDet>);
+    if (e != cudaSuccess) return e;
+    backward_kernel<kDet><<<backward_grid(capacity, sms), kThreads, kSmemBytes<kDet>, stream>>>(qmap, omap, kmap, vmap, p);
+    return cudaGetLastError();
 }
 
 }  // namespace msa::bwd90

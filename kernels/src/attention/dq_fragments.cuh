@@ -21,7 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "common/constants.cuh"
-#include "common/dependent_launch.cuh"
+#include "common/launch.cuh"
 
 namespace msa::bwd90 {
 
@@ -40,7 +40,6 @@ static_assert(kGroups % kCastChunks == 0, "a CTA's chunks are whole: the grid is
 // transposed through shared memory, coalesced 16-byte stores. Grid: 4T / kCastChunks.
 __global__ void __launch_bounds__(kCastThreads)
     dq_fragment_cast_kernel(const float* __restrict__ accum, uint16_t* __restrict__ dq) {
-    grid_dependency_wait();  // the main kernel's reductions (through the dK/dV finisher)
     __shared__ __align__(16) uint32_t rows[kCastChunks * kHeadsPerGroup * kCastRowWords];
     const int64_t chunk0 = static_cast<int64_t>(blockIdx.x) * kCastChunks;
     const float4* src = reinterpret_cast<const float4*>(accum + chunk0 * kDqChunk);
@@ -66,8 +65,8 @@ __global__ void __launch_bounds__(kCastThreads)
 // dq from the accumulator of total_q queries (nothing to launch for none).
 inline cudaError_t launch_dq_cast(const float* accum, uint16_t* dq, int total_q, cudaStream_t stream) {
     if (total_q <= 0) return cudaSuccess;
-    return launch_dependent(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(total_q) * kGroups / kCastChunks),
-                            dim3(kCastThreads), 0, stream, accum, dq);
+    return launch(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(total_q) * kGroups / kCastChunks),
+                  dim3(kCastThreads), stream, accum, dq);
 }
 
 }  // namespace
