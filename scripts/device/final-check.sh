@@ -5,12 +5,13 @@
 #   FINAL_JOBS="suite1 suite2 edge sanitize torch real" bash scripts/device/final-check.sh
 #   (repo root; .gpu-bundle and target/wheels carried)
 # Jobs: suite1 (prepare, task build, reference, indexer, KL, pre/post), suite2 (graphs,
-# deterministic), edge (attention_matches on the sm_90a set, in three shards), sanitize (racecheck, memcheck), cp
-# (msa run --cp on one GPU), torch (the msa-torch suite and the example training step on two real
-# ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three shards). FINAL_SKIP_TIMING=1
-# skips the timings, FINAL_OVERHEAD=0 the host-overhead one; FINAL_PATTERNS=random,b0p99,indexer
-# also times those patterns (forward, v1's forward beside it, both backward modes, 3 iterations;
-# FINAL_PATTERN_STAGES replaces the list) on the quiet GPU. Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
+# deterministic), edge (attention_matches on the sm_90a set, in three shards), sanitize
+# (racecheck, memcheck), cp (msa run --cp on one GPU), torch (the msa-torch suite and the example
+# training step on two real ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three
+# shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one;
+# FINAL_PATTERNS=random,b0p99,indexer also times those patterns (forward, v1's forward beside it,
+# both backward modes, 3 iterations; FINAL_PATTERN_STAGES replaces the list) on the quiet GPU.
+# Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
 R="$PWD"; b="$R/.gpu-bundle"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
 mkdir -p "$OUT/f"; F="$OUT/f"

@@ -109,11 +109,11 @@ struct RowSoftmax {
     // Masks columns >= n_visible, updates the running max, turns s into P (fp32) and returns
     // the factors that rescale O in corr, which holds softmax()'s 1 (0 for a row with no visible
     // key yet) on entry and changes only where the max moves. Call only when n_visible > 0 (then
-    // every row has a visible key, so the new max is finite). The max moves only when a row of the warp grew past it by
-    // more than 2^kLazyLog2 in P's scale (FlashAttention-4's lazy rescaling): P <= 2^kLazyLog2
-    // meanwhile, exact since O and l share the max, and rescale() skips O's 64 multiplies on
-    // most blocks (with a strict max, block j of i.i.d. scores moves each row's max with
-    // probability 1/j, so one of a warp's 16 rows almost always does).
+    // every row has a visible key, so the new max is finite). The max moves only when a row of
+    // the warp grew past it by more than 2^kLazyLog2 in P's scale (FlashAttention-4's lazy
+    // rescaling): P <= 2^kLazyLog2 meanwhile, exact since O and l share the max, and rescale()
+    // skips O's 64 multiplies on most blocks (with a strict max, block j of i.i.d. scores moves
+    // each row's max with probability 1/j, so one of a warp's 16 rows almost always does).
     __device__ __forceinline__ void step(float (&s)[64], int n_visible, float (&corr)[2]) {
         const int c = 2 * (threadIdx.x & 3);
         if (n_visible < kBlock) {

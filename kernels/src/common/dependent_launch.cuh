@@ -32,14 +32,13 @@ __device__ __forceinline__ void allow_dependents() {
 
 // kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's
 // previous kernel on compute capability 9.0 (a plain launch elsewhere). Only for kernels that
-// call grid_dependency_wait() first; smem above 48 KB is opted in as launch_smem does.
+// call grid_dependency_wait() first; dynamic shared memory is opted in as launch_smem does.
 template <class... Params, class... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                              Args&&... args) {
     int sm = 0;
     MSA_TRY(current_device_sm(&sm));
-    if (smem > 48 * 1024)
-        MSA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    if (smem > 0) MSA_TRY(opt_in_smem(kernel, smem));
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -29,13 +29,18 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
     return cudaGetLastError();
 }
 
-// The same with smem bytes of dynamic shared memory, opted in first: the kernel's
-// cudaFuncAttributeMaxDynamicSharedMemorySize is set to smem (required above 48 KB; cheap, and
-// set at every launch so that it holds for whichever device is current).
+// Sets the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize to smem (required above 48 KB;
+// cheap, and set at every launch so that it holds for whichever device is current).
+template <class... Params>
+cudaError_t opt_in_smem(void (*kernel)(Params...), size_t smem) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
+// The same with smem bytes of dynamic shared memory, opted in first.
 template <class... Params, class... Args>
 cudaError_t launch_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                         Args&&... args) {
-    MSA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    MSA_TRY(opt_in_smem(kernel, smem));
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
     return cudaGetLastError();
 }
