@@ -162,19 +162,22 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             // S^T and dP^T go out together; dV and dK after P and dS (computing P while dP^T is
             // in flight and dS while dV is measured 15% slower: docs/perf/attention-backward-sm90.md).
             float s[32], dp[32];
+            const uint64_t kd = sw128_desc_uniform(k_addr + wg * 8192, 16, 1024);
+            const uint64_t vd = sw128_desc_uniform(v_addr + wg * 8192, 16, 1024);
+            const uint64_t qd = sw128_desc_uniform(q_addr, 16, 1024), dod = sw128_desc_uniform(do_addr, 16, 1024);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
                 const uint32_t half = (ks >> 2), off = (ks & 3) * 32;
-                wgmma_m64n64k16_ss<0, 0>(s, sw128_desc(k_addr + half * kKvHalf + wg * 8192 + off, 16, 1024),
-                                         sw128_desc(q_addr + half * kQHalf + off, 16, 1024), ks > 0);
+                wgmma_m64n64k16_ss<0, 0>(s, desc_advance(kd, half * kKvHalf + off), desc_advance(qd, half * kQHalf + off),
+                                         ks > 0);
             }
             wgmma_commit();
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
                 const uint32_t half = (ks >> 2), off = (ks & 3) * 32;
-                wgmma_m64n64k16_ss<0, 0>(dp, sw128_desc(v_addr + half * kKvHalf + wg * 8192 + off, 16, 1024),
-                                         sw128_desc(do_addr + half * kQHalf + off, 16, 1024), ks > 0);
+                wgmma_m64n64k16_ss<0, 0>(dp, desc_advance(vd, half * kKvHalf + off),
+                                         desc_advance(dod, half * kQHalf + off), ks > 0);
             }
             wgmma_commit();
             const TileInfo info = sm.info[st];
@@ -226,22 +229,21 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                     *reinterpret_cast<uint32_t*>(sm.ds + off) = dsf[i >> 1][2 * (i & 1) + r];
                 }
             fence_proxy_async_smem();
+            const uint64_t do_mn = sw128_desc_uniform(do_addr, kQHalf, 1024), q_mn = sw128_desc_uniform(q_addr, kQHalf, 1024);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wgmma_m64n128k16_rs<1>(dv, pf[kk], sw128_desc(do_addr + kk * 2048, kQHalf, 1024), 1);
+            for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_rs<1>(dv, pf[kk], desc_advance(do_mn, kk * 2048), 1);
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wgmma_m64n128k16_rs<1>(dk, dsf[kk], sw128_desc(q_addr + kk * 2048, kQHalf, 1024), 1);
+            for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_rs<1>(dk, dsf[kk], desc_advance(q_mn, kk * 2048), 1);
             wgmma_commit();
 
             consumers_sync();  // both halves of dS^T are in shared memory
             float dq[32];
-            const uint32_t ds_addr = smem_u32(sm.ds);
+            const uint64_t dsd = sw128_desc_uniform(smem_u32(sm.ds), 16, 1024);
+            const uint64_t k_mn = sw128_desc_uniform(k_addr + wg * kKvHalf, 16, 1024);
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks)
-                wgmma_m64n64k16_ss<1, 1>(dq, sw128_desc(ds_addr + ks * 2048, 16, 1024),
-                                         sw128_desc(k_addr + wg * kKvHalf + ks * 2048, 16, 1024), ks > 0);
+                wgmma_m64n64k16_ss<1, 1>(dq, desc_advance(dsd, ks * 2048), desc_advance(k_mn, ks * 2048), ks > 0);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(dv);

@@ -33,6 +33,22 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
     return d;
 }
 
+// sw128_desc of a warp-uniform address, broadcast from lane 0 so that ptxas knows it is uniform:
+// the descriptor and its desc_advance steps then live in uniform registers (UIADD3 per wgmma)
+// instead of being rebuilt per thread and moved over by R2UR before every wgmma.
+__device__ __forceinline__ uint64_t sw128_desc_uniform(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    return sw128_desc(__shfl_sync(0xffffffffu, addr, 0), lbo_bytes, sbo_bytes);
+}
+
+// The descriptor of the tile `bytes` (a multiple of 16) past d's start: the start-address field
+// is the low 14 bits, and shared addresses stay below 2^18, so the add never carries out of it.
+// Only the low word changes, so a caller's loop adds one 32-bit immediate per descriptor.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t d, uint32_t bytes) {
+    uint64_t r;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(static_cast<uint32_t>(d) + (bytes >> 4)), "r"(static_cast<uint32_t>(d >> 32)));
+    return r;
+}
+
 // Orders register and shared-memory accesses before the warpgroup's next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
