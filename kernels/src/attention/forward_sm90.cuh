@@ -95,6 +95,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 constexpr float kLazyLog2 = 8.f;  // RowSoftmax::step: P stays <= 256 between max moves
+constexpr float kLazyRaw = kLazyLog2 / kScaleLog2e;  // the same margin in raw scores
 
 // Row state of one thread: rows r0 = lane/4 and r1 = r0 + 8 of its warp.
 struct RowSoftmax {
@@ -114,7 +115,8 @@ struct RowSoftmax {
     // rescaling): P <= 2^kLazyLog2 meanwhile, exact since O and l share the max, and rescale()
     // skips O's 64 multiplies on most blocks (with a strict max, block j of i.i.d. scores moves
     // each row's max with probability 1/j, so one of a warp's 16 rows almost always does).
-    __device__ __forceinline__ void step(float (&s)[64], int n_visible, float (&corr)[2]) {
+    // Returns whether O must be rescaled (warp-uniform).
+    __device__ __forceinline__ bool step(float (&s)[64], int n_visible, float (&corr)[2]) {
         const int c = 2 * (threadIdx.x & 3);
         if (n_visible < kBlock) {
 #pragma unroll
@@ -135,8 +137,7 @@ struct RowSoftmax {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         }
         // -inf (no visible key yet) always moves: corr 0 restarts O and l.
-        const bool move = __any_sync(0xffffffffu, (mx[0] - m[0]) * kScaleLog2e > kLazyLog2 ||
-                                                      (mx[1] - m[1]) * kScaleLog2e > kLazyLog2);
+        const bool move = __any_sync(0xffffffffu, mx[0] > m[0] + kLazyRaw || mx[1] > m[1] + kLazyRaw);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             // Selects, not a branch: the previous block's PV may be in flight on O.
@@ -157,6 +158,7 @@ struct RowSoftmax {
         }
         l[0] += sum0;
         l[1] += sum1;
+        return move;
     }
 };
 
@@ -170,9 +172,9 @@ __device__ __forceinline__ void to_a_frags(const float (&p)[64], uint32_t (&a)[8
     }
 }
 
-// Skipped (exactly: the factors are 1) when no row of the warp found a larger maximum.
-__device__ __forceinline__ void rescale(float (&o)[64], const float (&corr)[2]) {
-    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
+// Skipped (exactly: the factors are 1) unless the warp's softmax said otherwise (warp-uniform).
+__device__ __forceinline__ void rescale(float (&o)[64], const float (&corr)[2], bool need) {
+    if (!need) return;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         o[4 * i] *= corr[0];
@@ -281,11 +283,12 @@ struct ConsumerState {
     }
     // Exponentiates s in place and returns O's rescale factors: 1 when this query skips the
     // block, 0 while the tile has had no visible key yet (so O, still holding the previous
-    // tile, restarts from zero at the first PV of the tile).
-    __device__ __forceinline__ void softmax(int nv, float (&corr)[2]) {
+    // tile, restarts from zero at the first PV of the tile); and whether they are not all 1
+    // (warp-uniform: the warp's rows get their first visible key at the same block).
+    __device__ __forceinline__ bool softmax(int nv, float (&corr)[2]) {
         corr[0] = rs.m[0] == -INFINITY ? 0.f : 1.f;
         corr[1] = rs.m[1] == -INFINITY ? 0.f : 1.f;
-        if (nv > 0) rs.step(s, nv, corr);
+        return nv > 0 ? rs.step(s, nv, corr) : rs.m[0] == -INFINITY;
     }
     // P in registers, only once no wgmma still reads the previous P.
     __device__ __forceinline__ void to_p(int nv) {
@@ -329,9 +332,9 @@ __device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int w
             fence_regs(cs.s);
             mbar_release(&sm.k_empty[sk]);
             float corr[2];
-            cs.softmax(nv, corr);
+            const bool need = cs.softmax(nv, corr);
             cs.to_p(nv);
-            rescale(o, corr);
+            rescale(o, corr, need);
             mbar_wait(&sm.v_full[sv], (kb / kStagesV) & 1);
             wgmma_fence();
             issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
@@ -366,6 +369,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     float o[64];
     zero(o);
     float corr[2];
+    bool need = false;
     ItemCursor it(p);
     int qb = 0, u = 0;
     TileQuery q{};
@@ -419,7 +423,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     mbar_release(&sm.k_empty[kb % kStagesK]);
     ++kb;
     if (u == 1) mbar_release(&sm.q_empty[qb]);
-    cs.softmax(nv, corr);
+    need = cs.softmax(nv, corr);
     cs.to_p(nv);
     TileQuery owner = q;  // the tile o belongs to
 
@@ -441,7 +445,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
         const int sk = kb % kStagesK, sv = vb % kStagesV;
         turn_wait(wg);
         nv = cs.qk(sk, (kb / kStagesK) & 1, q, token);
-        rescale(o, corr);
+        rescale(o, corr, need);
         mbar_wait(&sm.v_full[sv], (vb / kStagesV) & 1);
         wgmma_fence();
         issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
@@ -452,7 +456,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
         mbar_release(&sm.k_empty[sk]);
         ++kb;
         if (j == u - 1) mbar_release(&sm.q_empty[qb]);  // the tile's last S has read Q
-        cs.softmax(nv, corr);
+        need = cs.softmax(nv, corr);
         wgmma_wait<0>();
         fence_regs(o);
         mbar_release(&sm.v_empty[sv]);
@@ -466,7 +470,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
 
     // The last block's PV.
     const int sv = vb % kStagesV;
-    rescale(o, corr);
+    rescale(o, corr, need);
     mbar_wait(&sm.v_full[sv], (vb / kStagesV) & 1);
     turn_wait(wg);
     wgmma_fence();
