@@ -50,6 +50,7 @@ constexpr int kRows = kQueriesPerCta * kHeadsPerGroup;     // 128
 constexpr int kHalfBytes = kRows * 64 * 2;                 // one 64-column half of a 128-row tile
 constexpr int kTileBytes = 2 * kHalfBytes;                 // 32 KiB
 constexpr int kWgRowBytes = 64 * 128;                      // 64 rows of one half
+constexpr int kOutStageBytes = kHeadsPerGroup * kHeadDim * 2;  // one query's 16 heads, two 64-d halves
 
 // One union block as tile_union_kernel lists it: (physical block, packed K row of key 0, stored
 // keys, mask of the tile queries that chose it).
@@ -59,12 +60,14 @@ struct Smem {
     uint8_t q[2][kTileBytes];
     uint8_t k[kStagesK][kTileBytes];
     uint8_t v[kStagesV][kTileBytes];
+    uint8_t ostage[8][kOutStageBytes];  // per consumer warp: its query's O for the TMA store
     StageInfo info[kStagesK];
     StageInfo list[kUnionMax];  // the producer's copy of the current tile's union
     uint64_t q_full[2], q_empty[2];
     uint64_t k_full[kStagesK], k_empty[kStagesK], v_full[kStagesV], v_empty[kStagesV];
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
+static_assert(kSmemBytes <= 232448, "227 KiB of dynamic shared memory per block on sm_90");
 
 struct Params {
     const int2* run;        // [4 * tiles]: (item, union size) in run order (tile_order_kernel)
@@ -230,10 +233,19 @@ struct ItemCursor {
     }
 };
 
+// Where a consumer warp's epilogue writes O: the out map (boxes of 64 d x 16 heads x 1 query) and
+// the warp's staging buffer in the map's 128-byte-swizzled layout.
+struct OutPort {
+    const CUtensorMap* map;
+    uint8_t* stage;
+};
+
 // Normalizes O and writes this warp's query (16 heads x 128) and its LSE; l is the thread's share
-// of the row sums. Rows with no visible key get O = 0, LSE = -inf.
+// of the row sums. Rows with no visible key get O = 0, LSE = -inf. O goes through the warp's
+// staging buffer and two TMA stores (full 128-byte lines; direct stores from the accumulator
+// layout wrote 16 bytes into each of 8 rows per instruction).
 __device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[2], const float (&l_part)[2], int t,
-                                         int g, bool valid, const Params& p) {
+                                         int g, bool valid, const Params& p, const OutPort& op) {
     const int lane = threadIdx.x & 31;
     float l[2];
 #pragma unroll
@@ -245,15 +257,27 @@ __device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[
     if (!valid) return;
     const int c = 2 * (lane & 3);
     const int h0 = g * kHeadsPerGroup + (lane >> 2);
+    if (lane == 0) bulk_wait_read_all();  // this warp's previous store has read the buffer
+    __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int h = h0 + 8 * r;
+        const int h = h0 + 8 * r, row = (lane >> 2) + 8 * r;
         const bool any = l[r] > 0.f;
         const float inv = any ? 1.f / l[r] : 0.f;
-        uint32_t* row = reinterpret_cast<uint32_t*>(p.out + (static_cast<int64_t>(t) * kHeads + h) * kHeadDim + c);
+        // Columns 8i + c, c + 1: 16-byte chunk i of the row, XORed with row % 8 inside its half.
 #pragma unroll
-        for (int i = 0; i < 16; ++i) row[4 * i] = pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+        for (int i = 0; i < 16; ++i)
+            *reinterpret_cast<uint32_t*>(op.stage + (i >> 3) * (kOutStageBytes / 2) + row * 128 +
+                                         (((i & 7) ^ (row & 7)) << 4) + c * 2) =
+                pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
         if (c == 0) p.lse[static_cast<int64_t>(t) * kHeads + h] = any ? m[r] * kScale + logf(l[r]) : -INFINITY;
+    }
+    fence_proxy_async_smem();
+    __syncwarp();
+    if (lane == 0) {
+        for (int half = 0; half < 2; ++half)
+            tma_store_3d(op.map, op.stage + half * (kOutStageBytes / 2), 64 * half, g * kHeadsPerGroup, t);
+        bulk_commit();
     }
 }
 
@@ -308,7 +332,7 @@ __device__ __forceinline__ void zero(float (&o)[64]) {
 
 // Per item: S, softmax and PV of each block in turn, nothing in flight across blocks or tiles.
 // The reference schedule for the streaming consumer below.
-__device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int wg) {
+__device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int wg, const OutPort& op) {
     const int token = 4 * wg + ((threadIdx.x >> 5) & 3);
     int tile_it = 0, kb = 0;
     ConsumerState cs{sm};
@@ -344,15 +368,15 @@ __device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int w
             mbar_release(&sm.v_empty[sv]);
         }
         mbar_release(&sm.q_empty[qb]);
-        epilogue(o, cs.rs.m, cs.rs.l, q.t, q.g, q.valid(), p);
+        epilogue(o, cs.rs.m, cs.rs.l, q.t, q.g, q.valid(), p, op);
         ++tile_it;
     }
 }
 
 // Writes O = 0 and LSE = -inf for this warp's query: a tile whose queries selected nothing.
-__device__ __forceinline__ void epilogue_empty(const TileQuery& q, const Params& p) {
+__device__ __forceinline__ void epilogue_empty(const TileQuery& q, const Params& p, const OutPort& op) {
     const float o[64] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    epilogue(o, m, l, q.t, q.g, q.valid(), p);
+    epilogue(o, m, l, q.t, q.g, q.valid(), p, op);
 }
 
 // One continuous stream of (tile, block) pairs over the CTA's non-empty tiles: S of a block is
@@ -361,7 +385,7 @@ __device__ __forceinline__ void epilogue_empty(const TileQuery& q, const Params&
 // after the next tile's first softmax. The two consumer warpgroups alternate their issues
 // (pingpong). The issue/wait sequence is straight-line in the loop body: ptxas serializes wgmma
 // whose completion it cannot track through data-dependent branches (warning C7518).
-__device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int wg) {
+__device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int wg, const OutPort& op) {
     const int token = 4 * wg + ((threadIdx.x >> 5) & 3);
     int tile_it = 0, kb = 0, vb = 0;  // tiles, K stage uses, V stage uses
     ConsumerState cs{sm};
@@ -406,7 +430,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
                 return true;
             }
             mbar_release(&sm.q_empty[qb]);
-            epilogue_empty(q, p);
+            epilogue_empty(q, p, op);
         }
         return false;
     };
@@ -462,7 +486,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
         mbar_release(&sm.v_empty[sv]);
         ++vb;
         if (boundary) {
-            epilogue(o, prev_m, prev_l, owner.t, owner.g, owner.valid(), p);
+            epilogue(o, prev_m, prev_l, owner.t, owner.g, owner.valid(), p, op);
             owner = q;
         }
         cs.to_p(nv);
@@ -480,7 +504,7 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     wgmma_wait<0>();
     fence_regs(o);
     mbar_release(&sm.v_empty[sv]);
-    epilogue(o, cs.rs.m, cs.rs.l, owner.t, owner.g, owner.valid(), p);
+    epilogue(o, cs.rs.m, cs.rs.l, owner.t, owner.g, owner.valid(), p, op);
 }
 
 // Warp 0 of the producer warpgroup: the warp copies each tile's union into shared memory, lane 0
@@ -550,7 +574,7 @@ enum class Schedule { kSerial, kStream };
 template <Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
-                   const __grid_constant__ CUtensorMap vmap, const Params p) {
+                   const __grid_constant__ CUtensorMap vmap, const __grid_constant__ CUtensorMap omap, const Params p) {
 #if MSA_SM90A_ENABLED
     // Swizzled tiles need 1024-byte alignment; dynamic shared memory starts aligned when the
     // kernel has no static shared memory, and a misaligned start would fail loudly here.
@@ -562,6 +586,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_map(&qmap);
         tma_prefetch_map(&kmap);
         tma_prefetch_map(&vmap);
+        tma_prefetch_map(&omap);
         for (int b = 0; b < 2; ++b) {
             mbar_init(&sm.q_full[b], 1);
             mbar_init(&sm.q_empty[b], kConsumerThreads);
@@ -583,11 +608,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (warp == 0) producer(sm, p, &qmap, &kmap, &vmap);
     } else {
         regs_alloc<232>();
+        const OutPort op{&omap, sm.ostage[warp - 4]};
         if constexpr (kSchedule == Schedule::kStream) {
-            consumer_stream(sm, p, warp / 4 - 1);
+            consumer_stream(sm, p, warp / 4 - 1, op);
         } else {
-            consumer_serial(sm, p, warp / 4 - 1);
+            consumer_serial(sm, p, warp / 4 - 1, op);
         }
+        if ((threadIdx.x & 31) == 0) bulk_wait_all();  // the last O stores have completed
     }
 #endif
 }
@@ -621,13 +648,15 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
                                   cudaStream_t stream) {
     const MsaVarlen& vl = p.varlen;
     if (vl.total_q <= 0) return cudaSuccess;
-    CUtensorMap qmap, kmap, vmap;
+    CUtensorMap qmap, kmap, vmap, omap;
     {
-        // q [T, 64, 128]: boxes of (64 d, 16 heads, 8 tokens).
+        // q and out [T, 64, 128]: boxes of (64 d, 16 heads, 8 tokens) and (64 d, 16 heads, 1).
         const uint64_t dims[3] = {kHeadDim, kHeads, static_cast<uint64_t>(vl.total_q)};
         const uint64_t strides[2] = {kHeadDim * 2, kHeads * kHeadDim * 2};
         const uint32_t box[3] = {64, kHeadsPerGroup, kQueriesPerCta};
         MSA_TRY(sm90::encode_bf16_sw128(&qmap, q, 3, dims, strides, box));
+        const uint32_t obox[3] = {64, kHeadsPerGroup, 1};
+        MSA_TRY(sm90::encode_bf16_sw128(&omap, p.out, 3, dims, strides, obox));
     }
     for (int which = 0; which < 2; ++which) {
         // k, v [Tk, 4 * 128] as rows: boxes of (64 d, 128 keys).
@@ -638,7 +667,7 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
     }
     const int items = kGroups * p.tiles;
     return launch_dependent(forward_kernel<kSchedule>, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes,
-                            stream, qmap, kmap, vmap, p);
+                            stream, qmap, kmap, vmap, omap, p);
 }
 
 // The whole sm_90a forward of msa_attn_forward: tile unions, then the streaming kernel over

@@ -36,6 +36,16 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
         : "memory");
 }
 
+// Stores the box at element coordinates (x, y, z) of a 3-D map from `src`, tracked by the issuing
+// thread's bulk groups (bulk_commit / bulk_wait_read_all). Rows past the tensor's end are not
+// written.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int x, int y, int z) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
+                 : "memory");
+}
+
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory into
 // `dst`, completing on `bar` like a tensor load.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
