@@ -10,7 +10,8 @@
 # training step on two real ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three
 # shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one;
 # FINAL_PATTERNS=random,b0p99,indexer also times those patterns (forward, v1's forward beside it,
-# both backward modes, 3 iterations; FINAL_PATTERN_STAGES replaces the list) on the quiet GPU.
+# both backward modes, 3 iterations; FINAL_PATTERN_STAGES replaces the list, FINAL_PATTERN_LIMIT
+# the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs no correctness job.
 # Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
 R="$PWD"; b="$R/.gpu-bundle"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
@@ -23,7 +24,7 @@ echo "=== bench (dev suite)"
 sed -n '/^summary/,$p' "$F/bench.log"; grep -E "prepare as %" "$F/bench.log"
 if [ -n "${FINAL_PATTERNS:-}" ]; then
 echo "=== bench (dev suite, $FINAL_PATTERNS)"
-(cd "$b" && timeout 240 ./msa bench --suite ../data/cases/dev_bench.json --pattern "$FINAL_PATTERNS" \
+(cd "$b" && timeout "${FINAL_PATTERN_LIMIT:-240}" ./msa bench --suite ../data/cases/dev_bench.json --pattern "$FINAL_PATTERNS" \
    --stages "${FINAL_PATTERN_STAGES:-forward,forward_sm80,backward,backward_det}" --warmup 1 --iters 3 --json "$F/patterns.jsonl" > "$F/patterns.log" 2>&1; echo "rc=$?")
 sed -n '/^summary/,/^prepare as/p' "$F/patterns.log" | grep -E "^  [a-z0-9]+ +(forward|backward)"
 fi
