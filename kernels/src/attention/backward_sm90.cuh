@@ -181,9 +181,8 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
             wgmma_commit();
             const TileInfo info = sm.info[st];
-            wgmma_wait<0>();
+            wgmma_wait<1>();  // S^T: P^T is computed while dP^T is in flight
             fence_regs(s);
-            fence_regs(dp);
 
             // P^T in place; column 8i + c + e is head (8i + c + e) % 16 of query slot i / 2.
 #pragma unroll
@@ -201,6 +200,8 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
             uint32_t pf[4][4], dsf[4][4];
             to_a_frags(s, pf);
+            wgmma_wait<0>();
+            fence_regs(dp);
 
             // dS^T = scale P^T (dP^T - delta); zero where P is masked (select, never multiply: the
             // masked scores may be anything).
