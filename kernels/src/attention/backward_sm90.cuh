@@ -65,11 +65,11 @@ struct TileInfo {
     int nv[kTileQueries];
 };
 
-// kDet double-buffers the dQ staging (a writer warp's wait for its turn and for each add to
-// complete overlaps the next tile): 209 KB instead of 177.
+// The dQ staging is double-buffered (209 KB): the default mode needs no "staging free" barrier,
+// and kDet's writer warps wait for their turn and for each add while the next tile computes.
 template <bool kDet>
 struct Smem {
-    static constexpr int kDqBuffers = kDet ? 2 : 1;
+    static constexpr int kDqBuffers = 2;
     uint8_t k[kKvBytes];
     uint8_t v[kKvBytes];
     uint8_t q[kStages][kQBytes];
@@ -181,9 +181,11 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
             wgmma_commit();
             const TileInfo info = sm.info[st];
-            wgmma_wait<0>();
+            // Default mode: P^T is computed while dP^T is still in flight (+1.2%; the
+            // deterministic mode measured 3.5% slower so, run 47, and waits for both).
+            wgmma_wait<kDet ? 0 : 1>();
             fence_regs(s);
-            fence_regs(dp);
+            if constexpr (kDet) fence_regs(dp);
 
             // P^T in place; column 8i + c + e is head (8i + c + e) % 16 of query slot i / 2.
 #pragma unroll
@@ -201,6 +203,10 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
             uint32_t pf[4][4], dsf[4][4];
             to_a_frags(s, pf);
+            if constexpr (!kDet) {
+                wgmma_wait<0>();
+                fence_regs(dp);
+            }
 
             // dS^T = scale P^T (dP^T - delta); zero where P is masked (select, never multiply: the
             // masked scores may be anything).
@@ -252,17 +258,19 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             mbar_release(&sm.q_empty[st]);
 
             // Stage dQ (4 chunks in fragment order, attention/dq_fragments.cuh: warp w holds query
-            // slot w) once the previous tile's reductions have read the staging buffer, then reduce
-            // it per query: the issuer thread, or (kDet) a writer warp, in the order of its
-            // semaphores. The barrier also keeps the next tile's dS^T writes after both warpgroups'
-            // dQ products. (Per-warpgroup staging and reductions with dS^T double-buffered, so that
-            // the warpgroups meet once per tile, measured 6% slower: docs/perf.)
-            const int buf = kDet ? tile_it & 1 : 0;
-            if constexpr (kDet)
+            // slot w) into buffer tile_it % 2, then reduce it per query: the issuer thread, or
+            // (kDet) a writer warp, in the order of its semaphores. Default mode: the buffer's
+            // last reductions (tile_it - 2) finished reading it before the issuer passed tile_it
+            // - 1's "staged" barrier, and that barrier (after each warpgroup's dQ wait) also keeps
+            // the next tile's dS^T writes after both warpgroups' dQ products; kDet has no such
+            // barrier after its staging, so it keeps one before. (Per-warpgroup
+            // staging and reductions with dS^T double-buffered, so that the warpgroups meet once
+            // per tile, measured 6% slower: docs/perf.)
+            const int buf = tile_it & 1;
+            if constexpr (kDet) {
                 mbar_wait(&sm.dq_empty[buf], ((tile_it >> 1) & 1) ^ 1);  // tile_it - 2 reduced
-            else if (issuer)
-                bulk_wait_read_all();
-            consumers_sync();
+                consumers_sync();  // the next tile's dS^T writes after both warpgroups' dQ products
+            }
             {
                 float4* dst = reinterpret_cast<float4*>(&sm.dq[buf][warp * kDqChunk + wg * kDqHalf]) + lane;
 #pragma unroll
@@ -273,6 +281,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             if constexpr (kDet) {
                 mbar_release(&sm.dq_full[buf]);
             } else {
+                if (issuer) bulk_wait_read_all();  // tile_it - 1's reductions have read the other buffer
                 consumers_sync();
                 if (issuer) {
 #pragma unroll
@@ -280,7 +289,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                         const int t = info.t[slot];
                         if (t >= 0)
                             bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk,
-                                                &sm.dq[0][slot * kDqChunk], kDqChunk * 4);
+                                                &sm.dq[buf][slot * kDqChunk], kDqChunk * 4);
                     }
                     bulk_commit();
                 }
