@@ -142,4 +142,13 @@ step "msa-torch wheel" cargo xtask wheel
 step "msa-torch wheel links" wheel_links
 step "msa-torch CPU pytest" msa_torch_pytest
 
+# The GPU peers' exact FlexAttention block mask (scripts/bench_peers.py) against MSA's selection
+# and a dense masked SDPA, on the CPU with the same venv.
+bench_peers_pytest() {
+    local venv
+    venv="$(torch_venv)"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider scripts/test_bench_peers.py
+}
+step "bench peers' exact FlexAttention mask (CPU pytest)" bench_peers_pytest
+
 printf '\nCI passed in %d s\n' $((SECONDS - ci_start))

@@ -23,6 +23,15 @@ attends to (fwd = 2*(128+128)*64*pairs, bwd = 2.5 * fwd), so every rate is compa
                            each fragment's queries against its document's keys up to the
                            fragment's end, causal bottom-right aligned. Its rate uses the case's
                            MSA FLOPs, so it compares with msa bench's forward/backward directly.
+  flex-exact <case> <pattern>
+                           with --layouts and --flex-exact: FlexAttention with MSA's exact
+                           semantics on that row's documents and selection (recent16 or spread,
+                           which depend only on positions; msa-workloads' patterns.rs): keys in a
+                           workspace where every document starts 128-aligned, a block mask of the
+                           selected blocks per 128-query block (blocks every query of it sees
+                           whole marked full, the rest partial under a mask_mod of the per-query
+                           selection and causality), the same MSA FLOPs as msa bench's row. One
+                           key-workspace size for every row, so torch.compile compiles once.
 A peer that fails (backend missing, compile error) is reported with its error and skipped.
 """
 import argparse
@@ -170,6 +179,122 @@ def varlen_peer(record, k_lens, median, args):
                    f"torch varlen_attn, median document {median} tokens, {note}")
 
 
+def selection(pattern, local):
+    """Document-local blocks a query of local block `local` selects (patterns.rs)."""
+    n = min(local + 1, TOPK)
+    if pattern == "recent16":
+        return list(range(local + 1 - n, local + 1))
+    if pattern == "spread":
+        return [local] if n == 1 else [k * local // (n - 1) for k in range(n)]
+    raise ValueError(f"pattern {pattern} is not a function of positions")
+
+
+def exact_layout(record, pattern):
+    """Per query of the row: its document's first workspace block, its position in the document
+    and its selected workspace blocks; the workspace's block count."""
+    cu_q, cu_k, first = record["cu_seqlens_q"], record["cu_seqlens_k"], record["fragment_indices"]
+    starts, nb = {}, 0  # a document's first workspace block, by its first fragment
+    for b in range(len(first)):
+        if first[b] == b:
+            last = max(c for c in range(len(first)) if first[c] == b)
+            starts[b] = nb
+            nb += -(-(cu_k[last + 1] - cu_k[b]) // BLOCK)
+    rows = []
+    for b in range(len(first)):
+        k_len, q_len = cu_k[b + 1] - cu_k[first[b]], cu_q[b + 1] - cu_q[b]
+        base = starts[first[b]]
+        for i in range(q_len):
+            pos = k_len - q_len + i
+            rows.append((base, pos, [base + j for j in selection(pattern, pos // BLOCK)]))
+    return rows, nb
+
+
+def exact_block_mask(rows, nb_ws, device):
+    """The BlockMask of `rows` over a key workspace of nb_ws blocks (T a multiple of 128)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    T = len(rows)
+    sel = torch.zeros(T, nb_ws, dtype=torch.bool)
+    kmax = torch.empty(T, dtype=torch.int64)
+    for t, (base, pos, blocks) in enumerate(rows):
+        sel[t, blocks] = True
+        kmax[t] = base * BLOCK + pos  # the last key this query sees, in workspace rows
+    qb = T // BLOCK
+    own = (kmax // BLOCK).view(qb, BLOCK)
+    any_q = sel.view(qb, BLOCK, nb_ws).any(1)
+    # Full: every query of the q-block selected the block and sees all of it (below its own).
+    blk = torch.arange(nb_ws).view(1, 1, nb_ws)
+    full = (sel.view(qb, BLOCK, nb_ws) & (blk < own.unsqueeze(2))).all(1)
+    partial = any_q & ~full
+
+    def lists(m):
+        counts = m.sum(1).to(torch.int32)
+        order = torch.argsort((~m).to(torch.int8), dim=1, stable=True).to(torch.int32)
+        return counts.view(1, 1, qb).to(device), order.view(1, 1, qb, nb_ws).to(device)
+
+    sel_d, kmax_d = sel.to(device), kmax.to(device)
+
+    def mask_mod(b, h, qi, ki):
+        return sel_d[qi, ki // BLOCK] & (ki <= kmax_d[qi])
+
+    kv_n, kv_i = lists(partial)
+    full_n, full_i = lists(full)
+    return BlockMask.from_kv_blocks(kv_n, kv_i, full_n, full_i, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(T, nb_ws * BLOCK)), sel, kmax
+
+
+def exact_records(path, patterns, limit):
+    """One record per (case, rank, pattern) of a `msa bench` JSON file, patterns recent16/spread."""
+    out, seen = [], set()
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("record") != "case" or r.get("pattern") not in patterns:
+                continue
+            key = (r["case_id"], r["rank"], r["pattern"])
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+    return out[:limit] if limit else out
+
+
+def flex_exact_peers(records, args):
+    """A peer per record, built when it runs; the key workspace has the largest row's size for
+    every row, so torch.compile compiles once."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    nb_max = max(exact_layout(r, r["pattern"])[1] for r in records)
+    shared = {}
+
+    def peer(r):
+        if not shared:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            kv = [(0.2 * torch.randn(1, HKV, nb_max * BLOCK, D, device="cuda", generator=g)).to(torch.bfloat16)
+                  for _ in range(2)]
+            shared.update(k=kv[0].requires_grad_(), v=kv[1].requires_grad_(), fn=torch.compile(flex_attention))
+        rows, _ = exact_layout(r, r["pattern"])
+        assert len(rows) % BLOCK == 0, "FlexAttention's 128-query blocks need T % 128 == 0"
+        mask, _, _ = exact_block_mask(rows, nb_max, "cuda")
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = (0.2 * torch.randn(1, H, len(rows), D, device="cuda", generator=g)).to(torch.bfloat16).requires_grad_()
+        do = (0.2 * torch.randn(1, H, len(rows), D, device="cuda", generator=g)).to(torch.bfloat16)
+        fn = shared["fn"]
+        attn = lambda q, k, v: fn(q, k, v, block_mask=mask, enable_gqa=True)
+        rows_out = measure(f"flex-exact case{r['case_id']}/r{r['rank']} {r['pattern']}", attn, q, shared["k"],
+                           shared["v"], do, r["sparse_attention_elements"], args, "torch.compile(flex_attention)")
+        # msa bench's time of the same row and stage, for the per-row ratio and the aggregate
+        ours = {st["stage"]: st for st in r["stages"]}
+        for row in rows_out:
+            st = ours.get(row["stage"])
+            row["weight"] = r.get("weight", 1.0)
+            if st:
+                row["msa_ms"] = st["median_ms"]
+                row["note"] += f"; msa {st['useful_tflops']:.1f} TFLOP/s = {row['median_ms'] / st['median_ms']:.2f}x"
+        return rows_out
+
+    return [lambda r=r: peer(r) for r in records]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -177,6 +302,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--layouts", help="msa bench JSON lines: add the dense varlen peer of every "
                     "short-document case in it")
+    ap.add_argument("--flex-exact", type=int, default=0, metavar="N",
+                    help="with --layouts: FlexAttention with MSA's exact semantics on the first N "
+                    "recent16 / spread rows in it (0: none, -1: all)")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
@@ -190,6 +318,10 @@ def main():
     if args.layouts:
         for r, k_lens, median in short_document_cases(args.layouts):
             peers.append(lambda r=r, k_lens=k_lens, median=median: varlen_peer(r, k_lens, median, args))
+        if args.flex_exact:
+            records = exact_records(args.layouts, ("recent16", "spread"), max(args.flex_exact, 0))
+            if records:
+                peers.extend(flex_exact_peers(records, args))
     failed = 0
     with open(args.out, "w") as f:
         for peer in peers:
@@ -204,6 +336,24 @@ def main():
                 print(f"  {r['peer']:<28} {r['stage']:<9} {r['median_ms']:9.3f} ms  "
                       f"{r['tflops']:7.1f} TFLOP/s  ({r['note']})", flush=True)
             torch.cuda.empty_cache()
+    # MSA's weighted aggregate (sum w*flops / sum w*ms) of the exact FlexAttention rows and of
+    # msa bench's times of the same rows.
+    agg = {}
+    with open(args.out) as f:
+        for line in f:
+            r = json.loads(line)
+            if r["peer"].startswith("flex-exact") and "msa_ms" in r:
+                key = (r["peer"].rsplit(" ", 1)[1], r["stage"])
+                a = agg.setdefault(key, [0.0, 0.0, 0.0, 0])
+                flops = r["tflops"] * r["median_ms"] * 1e9
+                a[0] += r["weight"] * flops
+                a[1] += r["weight"] * r["median_ms"]
+                a[2] += r["weight"] * r["msa_ms"]
+                a[3] += 1
+    for (pattern, stage), (wf, wms, wmsa, n) in sorted(agg.items()):
+        flex, msa = wf / wms / 1e9, wf / wmsa / 1e9
+        print(f"  flex-exact aggregate {pattern:<9} {stage:<9} {n} rows: FlexAttention {flex:6.1f}, "
+              f"msa {msa:6.1f} TFLOP/s = {msa / flex:.2f}x", flush=True)
     return 1 if failed == len(peers) else 0
 
 

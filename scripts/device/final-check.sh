@@ -11,7 +11,9 @@
 # shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one;
 # FINAL_PATTERNS=random,b0p99,indexer also times those patterns (forward, v1's forward beside it,
 # both backward modes, 3 iterations; FINAL_PATTERN_STAGES replaces the list, FINAL_PATTERN_LIMIT
-# the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs no correctness job.
+# the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs no correctness job. FINAL_FLEX_EXACT=N
+# adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
+# with its ratio to msa bench's time and their weighted aggregates (scripts/bench_peers.py).
 # Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
 R="$PWD"; b="$R/.gpu-bundle"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
@@ -29,7 +31,9 @@ echo "=== bench (dev suite, $FINAL_PATTERNS)"
 sed -n '/^summary/,/^prepare as/p' "$F/patterns.log" | grep -E "^  [a-z0-9]+ +(forward|backward)"
 fi
 echo "=== peers"
-(cd "$b" && timeout 60 python3 bench_peers.py "$F/peers.jsonl" --layouts "$F/bench.jsonl" --iters 10 > "$F/peers.log" 2>&1; echo "rc=$?"); tail -n 12 "$F/peers.log"
+fx="${FINAL_FLEX_EXACT:-0}"; fl=$((60 + (fx < 0 ? 32 : fx) * 8))
+(cd "$b" && timeout "$fl" python3 bench_peers.py "$F/peers.jsonl" --layouts "$F/bench.jsonl" --iters 10 \
+   --flex-exact "$fx" > "$F/peers.log" 2>&1; echo "rc=$?"); grep -E "sdpa-cudnn|flex|varlen" "$F/peers.log" | tail -n 60
 if [ "${FINAL_OVERHEAD:-1}" = 1 ]; then
 echo "=== torch host overhead"
 MSA_TORCH_SITE=/tmp/site-o timeout 90 bash crates/msa-torch/tests/run_gpu.sh -k overhead > "$F/overhead.log" 2>&1; echo "rc=$?"
