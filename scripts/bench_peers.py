@@ -209,8 +209,11 @@ def exact_layout(record, pattern):
     return rows, nb
 
 
-def exact_block_mask(rows, nb_ws, device):
-    """The BlockMask of `rows` over a key workspace of nb_ws blocks (T a multiple of 128)."""
+def exact_block_mask(rows, nb_ws, device, shared=None):
+    """The BlockMask of `rows` over a key workspace of nb_ws blocks (T a multiple of 128). With
+    `shared` (a dict kept across rows of one T and nb_ws) every mask uses the same mask_mod and
+    the same selection tensors, refilled in place: torch.compile then compiles once, where a new
+    closure per row would recompile per row."""
     from torch.nn.attention.flex_attention import BlockMask
 
     T = len(rows)
@@ -232,10 +235,18 @@ def exact_block_mask(rows, nb_ws, device):
         order = torch.argsort((~m).to(torch.int8), dim=1, stable=True).to(torch.int32)
         return counts.view(1, 1, qb).to(device), order.view(1, 1, qb, nb_ws).to(device)
 
-    sel_d, kmax_d = sel.to(device), kmax.to(device)
+    if shared is None or "mask_mod" not in shared:
+        sel_d, kmax_d = sel.to(device), kmax.to(device)
 
-    def mask_mod(b, h, qi, ki):
-        return sel_d[qi, ki // BLOCK] & (ki <= kmax_d[qi])
+        def mask_mod(b, h, qi, ki):
+            return sel_d[qi, ki // BLOCK] & (ki <= kmax_d[qi])
+
+        if shared is not None:
+            shared.update(sel=sel_d, kmax=kmax_d, mask_mod=mask_mod)
+    else:
+        shared["sel"].copy_(sel)
+        shared["kmax"].copy_(kmax)
+        mask_mod = shared["mask_mod"]
 
     kv_n, kv_i = lists(partial)
     full_n, full_i = lists(full)
@@ -274,7 +285,7 @@ def flex_exact_peers(records, args):
             shared.update(k=kv[0].requires_grad_(), v=kv[1].requires_grad_(), fn=torch.compile(flex_attention))
         rows, _ = exact_layout(r, r["pattern"])
         assert len(rows) % BLOCK == 0, "FlexAttention's 128-query blocks need T % 128 == 0"
-        mask, _, _ = exact_block_mask(rows, nb_max, "cuda")
+        mask, _, _ = exact_block_mask(rows, nb_max, "cuda", shared)
         g = torch.Generator(device="cuda").manual_seed(1)
         q = (0.2 * torch.randn(1, H, len(rows), D, device="cuda", generator=g)).to(torch.bfloat16).requires_grad_()
         do = (0.2 * torch.randn(1, H, len(rows), D, device="cuda", generator=g)).to(torch.bfloat16)

@@ -47,3 +47,23 @@ def test_exact_block_mask_is_msas_selection(pattern):
     ref = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=dense.view(1, 1, len(rows), nk))
     assert (out - ref).abs().max().item() < 1e-4
+
+
+def test_shared_masks_refill_in_place():
+    """Rows measured one after another share one mask_mod and its tensors (one compilation)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # One 2,560-token document (20 blocks): past block 15, recent16 and spread differ.
+    rec = {"cu_seqlens_q": [0, 2560], "cu_seqlens_k": [0, 2560], "fragment_indices": [0]}
+    shared, outs = {}, []
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 2, 2560, 16), torch.randn(1, 1, 21 * bp.BLOCK, 16), torch.randn(1, 1, 21 * bp.BLOCK, 16)
+    for pattern in ("recent16", "spread"):
+        rows, _ = bp.exact_layout(rec, pattern)
+        mask, _, _ = bp.exact_block_mask(rows, 21, "cpu", shared)
+        fresh, _, _ = bp.exact_block_mask(rows, 21, "cpu")
+        a = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+        b = flex_attention(q, k, v, block_mask=fresh, enable_gqa=True)
+        assert torch.equal(a, b), pattern
+        outs.append(a)
+    assert not torch.equal(outs[0], outs[1])  # the two selections differ, so the refill took effect
