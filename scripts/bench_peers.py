@@ -189,16 +189,23 @@ def selection(pattern, local):
     raise ValueError(f"pattern {pattern} is not a function of positions")
 
 
+def workspace_blocks(record):
+    """Each document's first block in a key workspace where documents start 128-aligned (by the
+    document's first fragment), and the workspace's block count."""
+    cu_k, first = record["cu_seqlens_k"], record["fragment_indices"]
+    last = {f: b for b, f in enumerate(first)}  # a document's last fragment
+    starts, nb = {}, 0
+    for f in sorted(last):
+        starts[f] = nb
+        nb += -(-(cu_k[last[f] + 1] - cu_k[f]) // BLOCK)
+    return starts, nb
+
+
 def exact_layout(record, pattern):
     """Per query of the row: its document's first workspace block, its position in the document
     and its selected workspace blocks; the workspace's block count."""
     cu_q, cu_k, first = record["cu_seqlens_q"], record["cu_seqlens_k"], record["fragment_indices"]
-    starts, nb = {}, 0  # a document's first workspace block, by its first fragment
-    for b in range(len(first)):
-        if first[b] == b:
-            last = max(c for c in range(len(first)) if first[c] == b)
-            starts[b] = nb
-            nb += -(-(cu_k[last + 1] - cu_k[b]) // BLOCK)
+    starts, nb = workspace_blocks(record)
     rows = []
     for b in range(len(first)):
         k_len, q_len = cu_k[b + 1] - cu_k[first[b]], cu_q[b + 1] - cu_q[b]
@@ -274,7 +281,7 @@ def flex_exact_peers(records, args):
     every row, so torch.compile compiles once."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    nb_max = max(exact_layout(r, r["pattern"])[1] for r in records)
+    nb_max = max(workspace_blocks(r)[1] for r in records)
     shared = {}
 
     def peer(r):

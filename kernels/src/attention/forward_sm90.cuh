@@ -189,7 +189,6 @@ __device__ __forceinline__ void rescale(float (&o)[64], const float (&corr)[2], 
 
 // S = Q K^T for this warpgroup's 64 rows: 8 k-steps of 16 head dims, 4 per 64-column half.
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32_t k_addr) {
-#pragma unroll
     const uint64_t qd = sw128_desc_uniform(q_addr, 16, 1024), kd = sw128_desc_uniform(k_addr, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
@@ -200,7 +199,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_addr, uint32
 
 // O += P V: 8 k-steps of 16 keys; V is MN-major (rows = keys), its second 64-d half at LBO.
 __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][4], uint32_t v_addr) {
-#pragma unroll
     const uint64_t vd = sw128_desc_uniform(v_addr, kHalfBytes, 1024);
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) wgmma_m64n128k16_rs<1>(o, p[kk], desc_advance(vd, kk * 2048), 1);
