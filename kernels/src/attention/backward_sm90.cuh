@@ -59,6 +59,18 @@ constexpr int kQBytes = 2 * kQHalf;
 constexpr int kTokenBytes = kHeadsPerGroup * 128;     // one query's 16 rows of a half
 static_assert(kTileQueries == kItemTileQueries, "the order's tiles are the kernel's");
 
+// setmaxnreg per warpgroup: multiples of 8 that balance the launch's 168 registers a thread
+// (65,536 / 384, rounded down to 8): 128 x (168 - producer) = 256 x (consumer - 168).
+// The default mode's consumers take 240 (+0.7%, run 49); its producer-side code spills 27
+// instructions at 24, off the tensor pipe's path. The deterministic mode's writer warps run
+// beside the consumers and lost 3.9% at 24 / 240, so it keeps 40 / 232.
+template <bool kDet>
+constexpr int kProducerRegs = kDet ? 40 : 24;
+template <bool kDet>
+constexpr int kConsumerRegs = kDet ? 232 : 240;
+static_assert(128 * (168 - kProducerRegs<false>) == 256 * (kConsumerRegs<false> - 168), "balanced split");
+static_assert(128 * (168 - kProducerRegs<true>) == 256 * (kConsumerRegs<true> - 168), "balanced split");
+
 // The queries of one tile: packed index (-1 = empty slot) and keys of the block it sees.
 struct TileInfo {
     int t[kTileQueries];
@@ -541,13 +553,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (warp < 4) {
         constexpr int kZeroWarp = kDet ? 3 : 2;  // the first after the producer (and the writers)
-        regs_dealloc<40>();
+        regs_dealloc<kProducerRegs<kDet>>();
         if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
         if constexpr (kDet)
             if (warp == 1 || warp == 2) dq_writer(sm, p, warp - 1);
         if (warp >= kZeroWarp) zero_unselected(p, warp - kZeroWarp, 4 - kZeroWarp);
     } else {
-        regs_alloc<232>();
+        regs_alloc<kConsumerRegs<kDet>>();
         consumer<kDet>(sm, p, warp / 4 - 1);
     }
 #endif
