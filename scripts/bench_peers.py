@@ -324,7 +324,13 @@ def main():
                     help="with --layouts: FlexAttention with MSA's exact semantics on the first N "
                     "recent16 / spread rows in it (0: none, -1: all)")
     args = ap.parse_args()
+    import torch._functorch.config as functorch_config
     from torch.nn.attention import SDPBackend
+
+    # measure() replays one backward graph (retain_graph=True). With the exact peers' mask_mod
+    # and its captured tensors, AOTAutograd donates saved buffers to the compiled backward and
+    # then refuses a retained graph (run 50); donation only saves memory.
+    functorch_config.donated_buffer = False
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     peers = [
         lambda: sdpa_peer("flash", SDPBackend.FLASH_ATTENTION, 6, 2048, args),
