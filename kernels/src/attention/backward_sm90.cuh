@@ -145,6 +145,29 @@ __device__ __forceinline__ void to_a_frags(const float (&x)[32], uint32_t (&a)[4
     }
 }
 
+// This thread's dQ fragments (warp w: query slot w; attention/dq_fragments.cuh) into staging
+// buffer buf, made visible to the bulk copies.
+template <bool kDet>
+__device__ __forceinline__ void stage_dq(Smem<kDet>& sm, const float (&dq)[32], int buf, int warp, int lane, int wg) {
+    float4* dst = reinterpret_cast<float4*>(&sm.dq[buf][warp * kDqChunk + wg * kDqHalf]) + lane;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dst[32 * i] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+    fence_proxy_async_smem();
+}
+
+// The issuer's reductions of staged buffer buf into the fp32 dQ accumulator, one per query.
+template <bool kDet>
+__device__ __forceinline__ void reduce_dq(const Params& p, Smem<kDet>& sm, const int (&t)[kTileQueries], int g,
+                                          int buf) {
+#pragma unroll
+    for (int slot = 0; slot < kTileQueries; ++slot) {
+        if (t[slot] >= 0)
+            bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t[slot]) * kGroups + g) * kDqChunk,
+                                &sm.dq[buf][slot * kDqChunk], kDqChunk * 4);
+    }
+    bulk_commit();
+}
+
 // Named barrier 1: both consumer warpgroups (dS complete / dQ staging free / dQ staged).
 __device__ __forceinline__ void consumers_sync() { named_sync(1, 256); }
 
@@ -156,6 +179,19 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     const bool issuer = threadIdx.x == 128;  // issues the dQ reductions (kDet: orders dK/dV adds)
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
+    // Default mode: tile j's dQ is staged and reduced during tile j + 1, while that tile's S^T
+    // is in flight (the tensor pipe idled through the staging); the last tile's after the loop.
+    // The pending dQ is a copy: ptxas cannot tell across the loop's back edge that the dQ
+    // product's registers are complete, and waited for every wgmma in flight before reading them.
+    float dq_pend[32] = {};
+    int pend_t[kTileQueries], pend_g = -1;  // pend_g < 0: nothing pending
+    auto stage_pending = [&]() {
+        const int buf = (tile_it - 1) & 1;
+        stage_dq(sm, dq_pend, buf, warp, lane, wg);
+        if (issuer) bulk_wait_read_all();  // tile_it - 2's reductions have read the other buffer
+        consumers_sync();
+        if (issuer) reduce_dq(p, sm, pend_t, pend_g, buf);
+    };
     for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
         const int4 item = p.items[it];
         const int g = item.x, pb = item.y;
@@ -174,6 +210,12 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             // S^T and dP^T go out together; dV and dK after P and dS (computing P while dP^T is
             // in flight and dS while dV is measured 15% slower: docs/perf/attention-backward-sm90.md).
             float s[32], dp[32];
+            if constexpr (!kDet) {
+                // Defined inputs for S^T's first wgmma (it ignores them): left undefined, they
+                // may share registers with the pending dQ, and ptxas then waits for every wgmma.
+#pragma unroll
+                for (int i = 0; i < 32; ++i) s[i] = 0.f;
+            }
             const uint64_t kd = sw128_desc_uniform(k_addr + wg * 8192, 16, 1024);
             const uint64_t vd = sw128_desc_uniform(v_addr + wg * 8192, 16, 1024);
             const uint64_t qd = sw128_desc_uniform(q_addr, 16, 1024), dod = sw128_desc_uniform(do_addr, 16, 1024);
@@ -185,6 +227,12 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                                          ks > 0);
             }
             wgmma_commit();
+            if constexpr (!kDet) {
+                if (pend_g >= 0) {
+                    stage_pending();
+                    wgmma_fence();
+                }
+            }
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
                 const uint32_t half = (ks >> 2), off = (ks & 3) * 32;
@@ -270,41 +318,27 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             mbar_release(&sm.q_empty[st]);
 
             // Stage dQ (4 chunks in fragment order, attention/dq_fragments.cuh: warp w holds query
-            // slot w) into buffer tile_it % 2, then reduce it per query: the issuer thread, or
-            // (kDet) a writer warp, in the order of its semaphores. Default mode: the buffer's
-            // last reductions (tile_it - 2) finished reading it before the issuer passed tile_it
-            // - 1's "staged" barrier, and that barrier (after each warpgroup's dQ wait) also keeps
-            // the next tile's dS^T writes after both warpgroups' dQ products; kDet has no such
-            // barrier after its staging, so it keeps one before. (Per-warpgroup
+            // slot w) into buffer tile_it % 2 and reduce it per query. Default mode: the issuer
+            // thread, during the next tile (stage_pending); buffer b's last reductions (tile_it -
+            // 2) finished reading it before the issuer passed tile_it - 1's "staged" barrier, and
+            // that barrier (after each warpgroup's dQ wait) also orders this tile's dS^T writes
+            // after both warpgroups' previous dQ products. kDet: a writer warp in the order of its
+            // semaphores, after a barrier that orders the next tile's dS^T writes. (Per-warpgroup
             // staging and reductions with dS^T double-buffered, so that the warpgroups meet once
             // per tile, measured 6% slower: docs/perf.)
-            const int buf = tile_it & 1;
             if constexpr (kDet) {
+                const int buf = tile_it & 1;
                 mbar_wait(&sm.dq_empty[buf], ((tile_it >> 1) & 1) ^ 1);  // tile_it - 2 reduced
-                consumers_sync();  // the next tile's dS^T writes after both warpgroups' dQ products
-            }
-            {
-                float4* dst = reinterpret_cast<float4*>(&sm.dq[buf][warp * kDqChunk + wg * kDqHalf]) + lane;
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    dst[32 * i] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
-            }
-            fence_proxy_async_smem();
-            if constexpr (kDet) {
+                consumers_sync();
+                stage_dq(sm, dq, buf, warp, lane, wg);
                 mbar_release(&sm.dq_full[buf]);
             } else {
-                if (issuer) bulk_wait_read_all();  // tile_it - 1's reductions have read the other buffer
-                consumers_sync();
-                if (issuer) {
 #pragma unroll
-                    for (int slot = 0; slot < kTileQueries; ++slot) {
-                        const int t = info.t[slot];
-                        if (t >= 0)
-                            bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk,
-                                                &sm.dq[buf][slot * kDqChunk], kDqChunk * 4);
-                    }
-                    bulk_commit();
-                }
+                for (int i = 0; i < 32; ++i) dq_pend[i] = dq[i];
+                fence_regs(dq_pend);
+#pragma unroll
+                for (int slot = 0; slot < kTileQueries; ++slot) pend_t[slot] = info.t[slot];
+                pend_g = g;
             }
         }
         mbar_release(&sm.kv_empty);
@@ -377,6 +411,9 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                 }
             }
         }
+    }
+    if constexpr (!kDet) {
+        if (pend_g >= 0) stage_pending();  // the last tile's (tile_it - 1)
     }
     if (issuer) bulk_wait_all();
 }
