@@ -8,7 +8,8 @@
 # deterministic), edge (attention_matches on the sm_90a set, in three shards), sanitize
 # (racecheck, memcheck), cp (msa run --cp on one GPU), torch (the msa-torch suite and the example
 # training step on two real ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three
-# shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one;
+# shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one,
+# FINAL_NCU=0 the ncu one;
 # FINAL_PATTERNS=random,b0p99,indexer also times those patterns (forward, v1's forward beside it,
 # both backward modes, 3 iterations; FINAL_PATTERN_STAGES replaces the list, FINAL_PATTERN_LIMIT
 # the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs no correctness job. FINAL_FLEX_EXACT=N
@@ -39,11 +40,13 @@ echo "=== torch host overhead"
 MSA_TORCH_SITE=/tmp/site-o timeout 90 bash crates/msa-torch/tests/run_gpu.sh -k overhead > "$F/overhead.log" 2>&1; echo "rc=$?"
 grep -E "ms/call|passed|failed" "$F/overhead.log" | tail -8
 fi
+if [ "${FINAL_NCU:-1}" = 1 ]; then
 echo "=== ncu prepare and run orders, 151:7"
 (cd "$b" && timeout 40 ncu --clock-control none \
    -k regex:"select_kernel|level_kernel|offsets_kernel|scatter_kernel|tile_order_kernel|backward_items_kernel" \
    --metrics gpu__time_duration.sum,launch__grid_size ./msa bench --cases 151:7 --pattern recent16 \
    --stages prepare,forward,backward --warmup 0 --iters 1 > "$F/ncu.log" 2>&1; echo "rc=$?"); grep -E "_kernel|gpu__time" "$F/ncu.log" | head -24
+fi
 fi
 L=$((end - SECONDS)); echo "=== concurrent jobs, $L s"
 job() { local n="$1"; shift; mkdir -p "$F/$n"; ( cd "$b" && MSA_GPU_RESULTS="$F/$n" timeout "$L" "$@" > "$F/$n/log" 2>&1; echo "rc=$?" >> "$F/$n/log" ) & }
