@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 9, one call: main at the merge of the deferred dQ staging (0e9caf3's kernels; bundle and
+# session 9, one call: main at the merge of the deferred dQ staging (205210a's kernels; bundle and
 # target/wheels carried): final-check's timings (recent16: prepare, forward, both backward modes;
 # spread / random / b0p99 / indexer: the backward; PyTorch peers without the exact FlexAttention
 # rows, which run 51 timed), then the msa-torch suite and the example training step.
