@@ -97,7 +97,7 @@ struct Smem {
 };
 template <bool kDet>
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<kDet>));
-static_assert(kSmemBytes<true> <= 232448, "227 KiB of dynamic shared memory per block on sm_90");
+static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemSm90, "the shared memory fits a block");
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
@@ -168,7 +168,7 @@ __device__ __forceinline__ void reduce_dq(const Params& p, Smem<kDet>& sm, const
     bulk_commit();
 }
 
-// Named barrier 1: both consumer warpgroups (dS complete / dQ staging free / dQ staged).
+// Named barrier 1: both consumer warpgroups (dS complete; dQ staged, kDet: before its staging).
 __device__ __forceinline__ void consumers_sync() { named_sync(1, 256); }
 
 template <bool kDet>

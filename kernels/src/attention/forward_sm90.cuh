@@ -67,7 +67,7 @@ struct Smem {
     uint64_t k_full[kStagesK], k_empty[kStagesK], v_full[kStagesV], v_empty[kStagesV];
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
-static_assert(kSmemBytes <= 232448, "227 KiB of dynamic shared memory per block on sm_90");
+static_assert(kSmemBytes <= kMaxSmemSm90, "the forward's shared memory fits a block");
 
 struct Params {
     const int2* run;        // [4 * tiles]: (item, union size) in run order (tile_order_kernel)

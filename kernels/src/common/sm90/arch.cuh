@@ -17,6 +17,9 @@
 
 namespace msa {
 
+// Dynamic shared memory one block may opt in to on sm_90 (227 KiB).
+constexpr int kMaxSmemSm90 = 232448;
+
 // A kernel body for sm_90a: Kernel's operator() holds the sm_90a code, and calling the wrapper
 // runs it in the sm_90a pass and does nothing in every other one:
 //   struct FwdSm90 { __device__ void operator()(const Params& p) const { ... wgmma ... } };
