@@ -9,15 +9,16 @@
 # (racecheck, memcheck), cp (msa run --cp on one GPU), torch (the msa-torch suite and the example
 # training step on two real ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three
 # shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one,
-# FINAL_NCU=0 the ncu one;
-# FINAL_PATTERNS=random,b0p99,indexer also times those patterns (forward, v1's forward beside it,
-# both backward modes, 3 iterations; FINAL_PATTERN_STAGES replaces the list, FINAL_PATTERN_LIMIT
-# the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs no correctness job. FINAL_FLEX_EXACT=N
+# FINAL_NCU=0 the ncu one; FINAL_PATTERNS=random,b0p99,indexer also times those patterns
+# (forward, v1's forward beside it, both backward modes, 3 iterations; FINAL_PATTERN_STAGES
+# replaces the list, FINAL_PATTERN_LIMIT the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs
+# no correctness job; FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
+# and msa (variants-bench.sh's layout; the torch job always tests target/wheels). FINAL_FLEX_EXACT=N
 # adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
 # with its ratio to msa bench's time and their weighted aggregates (scripts/bench_peers.py).
 # Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
-R="$PWD"; b="$R/.gpu-bundle"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
+R="$PWD"; b="$R/.gpu-bundle"; suite="$R/${FINAL_SUITE:-.gpu-bundle}"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
 mkdir -p "$OUT/f"; F="$OUT/f"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ -z "${FINAL_SKIP_TIMING:-}" ]; then
@@ -49,7 +50,7 @@ echo "=== ncu prepare and run orders, 151:7"
 fi
 fi
 L=$((end - SECONDS)); echo "=== concurrent jobs, $L s"
-job() { local n="$1"; shift; mkdir -p "$F/$n"; ( cd "$b" && MSA_GPU_RESULTS="$F/$n" timeout "$L" "$@" > "$F/$n/log" 2>&1; echo "rc=$?" >> "$F/$n/log" ) & }
+job() { local n="$1"; shift; mkdir -p "$F/$n"; ( cd "$suite" && MSA_GPU_RESULTS="$F/$n" timeout "$L" "$@" > "$F/$n/log" 2>&1; echo "rc=$?" >> "$F/$n/log" ) & }
 real="${FINAL_REAL:-27..48}"; ra="${real%..*}"; rb="${real#*..}"; r1=$((ra + (rb - ra) / 3)); r2=$((ra + 2 * (rb - ra) / 3))
 jobs="${FINAL_JOBS:-suite1 suite2 edge sanitize torch real}"
 for n in $jobs; do case "$n" in
