@@ -5,7 +5,8 @@
 #   FINAL_JOBS="suite1 suite2 edge sanitize torch real" bash scripts/device/final-check.sh
 #   (repo root; .gpu-bundle and target/wheels carried)
 # Jobs: suite1 (prepare, task build, reference, indexer, KL, pre/post), suite2 (graphs,
-# deterministic), edge (attention_matches on the sm_90a set, in three shards), sanitize
+# deterministic), detrows (the deterministic backward bitwise-repeated on all 32 development rows,
+# recent16 and random, two shards), edge (attention_matches on the sm_90a set, in three shards), sanitize
 # (racecheck, memcheck), cp (msa run --cp on one GPU), torch (the msa-torch suite and the example
 # training step on two real ranks), real (the real-case sweep, sampled, cases FINAL_REAL in three
 # shards). FINAL_SKIP_TIMING=1 skips the timings, FINAL_OVERHEAD=0 the host-overhead one,
@@ -52,10 +53,14 @@ fi
 L=$((end - SECONDS)); echo "=== concurrent jobs, $L s"
 job() { local n="$1"; shift; mkdir -p "$F/$n"; ( cd "$suite" && MSA_GPU_RESULTS="$F/$n" timeout "$L" "$@" > "$F/$n/log" 2>&1; echo "rc=$?" >> "$F/$n/log" ) & }
 real="${FINAL_REAL:-27..48}"; ra="${real%..*}"; rb="${real#*..}"; r1=$((ra + (rb - ra) / 3)); r2=$((ra + 2 * (rb - ra) / 3))
-jobs="${FINAL_JOBS:-suite1 suite2 edge sanitize torch real}"
+jobs="${FINAL_JOBS:-suite1 suite2 detrows edge sanitize torch real}"
 for n in $jobs; do case "$n" in
   suite1) job suite1 ./gpu-suite --test-threads=1 prepare:: task_build:: attention::empty reference:: indexer:: kl:: pre_post:: ;;
-  suite2) job suite2 ./gpu-suite --test-threads=1 graph:: attention::deterministic ;;
+  suite2) job suite2 ./gpu-suite --test-threads=1 graph:: attention::deterministic \
+            --skip deterministic_backward_is_bitwise_on_every_bench_row ;;
+  detrows) for s in 0..16 16..32; do
+          job "detrows${s%..*}" env MSA_DET_ROWS="$s" ./gpu-suite deterministic_backward_is_bitwise_on_every_bench_row --nocapture
+        done ;;
   edge) for s in 0..11 11..22 22..33; do
           job "edge${s%..*}" env MSA_KERNEL_SETS=sm90 MSA_EDGE_GROUPS="$s" ./gpu-suite attention_matches --nocapture
         done ;;
@@ -72,5 +77,6 @@ for d in "$F"/*/; do
   n="$(basename "$d")"
   echo "=== $n: $(tail -n 1 "$d/log")"
   grep -E "^test .*(ok|FAILED)$|test result|^PASS|^FAIL|passed|failed|SUMMARY|real_cases\] case|train_step|rc=" "$d/log" | tail -12
+  rows="$(grep -c '^\[determinism_bench_rows\]' "$d/log")"; [ "$rows" -gt 0 ] && echo "rows checked: $rows"
 done
 cd "$OUT" && tar czf final.tgz f && rm -rf f
