@@ -1,8 +1,8 @@
 // The sm_90a backward (msa_attn_backward_sm90, and its deterministic mode
-// msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the dK/dV
-// finisher of attention/backward_sm90.cuh, with the dQ accumulator (attention/dq_fragments.cuh)
-// zeroed first and cast last;
-// the deterministic mode builds the order of attention/backward_order.cuh in between. Compute
+// msa_attn_backward_sm90_det), launches of attention/backward_sm90.cuh: the setup (the device
+// item build beside the dQ accumulator's zeroing), the KV-outer main kernel and the epilogue
+// (the dK/dV finisher beside the dQ cast, attention/dq_fragments.cuh); the deterministic mode
+// builds the order of attention/backward_order.cuh in between. Compute
 // capability 9.0 only: other devices take the mma.sync backward.
 #include <cstdint>
 
@@ -74,11 +74,11 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
 
-    MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
     const int grid = backward_grid(w.item_capacity, sms);
-    MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
+    MSA_TRY(launch(backward_setup_kernel, dim3(1 + 2 * sms), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    vl.padded_kv_blocks, w.item_capacity, grid, reinterpret_cast<int4*>(base + w.rows), items, order,
-                   position, split_slot, counts));
+                   position, split_slot, counts, reinterpret_cast<float4*>(dq_accum),
+                   static_cast<int64_t>(w.items / sizeof(float4))));
     Params p{};
     if constexpr (kDet) {
         int32_t* tg_count = reinterpret_cast<int32_t*>(base + w.tg_count);
@@ -120,11 +120,12 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     p.dk = a.dk;
     p.dv = a.dv;
     MSA_TRY(launch_backward<kDet>(a.q, a.k, a.v, a.dout, p, w.item_capacity, sms, stream));
-    if (vl.padded_kv_blocks > 0)
-        MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
-                       a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
-                       vl, !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv));
-    return launch_dq_cast(dq_accum, a.dq, vl.total_q, stream);
+    const unsigned n_finish = finish_ctas(vl.padded_kv_blocks), n_cast = dq_cast_ctas(vl.total_q);
+    if (n_finish + n_cast == 0) return cudaSuccess;
+    return launch(backward_epilogue_kernel, dim3(n_finish + n_cast), dim3(kCastThreads), stream, a.phys_row_ptr,
+                  static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc), vl,
+                  !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv, n_finish,
+                  static_cast<const float*>(dq_accum), a.dq);
 }
 
 }  // namespace

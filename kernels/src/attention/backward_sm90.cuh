@@ -14,7 +14,7 @@
 //                                      reduce-add of 8 KiB per query.
 // At the item's end a block whose whole CSR row is this item writes dK, dV in bf16; a block whose
 // row is split over several items adds them into its fp32 slot of `dkv_acc`, and
-// backward_dkv_finish_kernel casts those. The blocks nobody selected get their zeros from the
+// backward_epilogue_kernel casts those. The blocks nobody selected get their zeros from the
 // producer warpgroup's two otherwise idle warps while the consumers compute (on a long document
 // that is most of dK, dV: 388 MB on a 189K-key rank, 0.12 ms as a pass of its own).
 // A producer warp loads K and V per item and Q, dO (tensor boxes of one query's 16 heads; a
@@ -101,7 +101,7 @@ static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemS
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
-    const int32_t* counts;  // [2]: items, dK/dV slots (backward_items_kernel)
+    const int32_t* counts;  // [2]: items, dK/dV slots (build_backward_items)
     const int32_t* phys_q_indices;  // [4, T * 16]
     const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
     const float* lse;               // [T, 64]
@@ -602,22 +602,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Per (physical block, group): a row split over items casts its dkv_acc slot to bf16; a row owned
-// by one item was written by it; an empty row (nobody selected the block) was zeroed by the main
-// kernel, or is zeroed here when `zero_empty` (the main kernel did not run: no query).
-// Grid (P, 4), 128 threads: 16 threads per key row (16 bytes of dK and dV each), 8 rows a pass.
-__global__ void __launch_bounds__(kBlock)
-    backward_dkv_finish_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
-                               const float* __restrict__ dkv_acc, const MsaVarlen varlen, bool zero_empty,
-                               uint16_t* __restrict__ dk, uint16_t* __restrict__ dv) {
-    const int pb = blockIdx.x, g = blockIdx.y;
+// Per (physical block pb, group g): a row split over items casts its dkv_acc slot to bf16; a row
+// owned by one item was written by it; an empty row (nobody selected the block) was zeroed by the
+// main kernel, or is zeroed here when `zero_empty` (the main kernel did not run: no query).
+// 128 threads (t = 0..127): 16 threads per key row (16 bytes of dK and dV each), 8 rows a pass.
+__device__ __forceinline__ void finish_dkv_row(const int32_t* __restrict__ phys_row_ptr,
+                                               const int32_t* __restrict__ split_slot, const float* __restrict__ dkv_acc,
+                                               const MsaVarlen& varlen, bool zero_empty, uint16_t* __restrict__ dk,
+                                               uint16_t* __restrict__ dv, int pb, int g, int t) {
     const BlockKeys bk = block_keys(varlen, pb);
     const int32_t* row_ptr = phys_row_ptr + static_cast<int64_t>(g) * (varlen.padded_kv_blocks + 1);
     const bool empty = row_ptr[pb + 1] == row_ptr[pb];
     const int slot = split_slot[g * varlen.padded_kv_blocks + pb];
     if (empty ? !zero_empty : slot < 0) return;
-    const int d = 8 * (threadIdx.x & 15);
-    for (int key = threadIdx.x >> 4; key < bk.count; key += kBlock / 16) {
+    const int d = 8 * (t & 15);
+    for (int key = t >> 4; key < bk.count; key += kBlock / 16) {
         uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
         if (!empty) {
             const float* acc = dkv_acc + (static_cast<int64_t>(slot) * 2 * kBlock + key) * kHeadDim + d;
@@ -633,6 +632,47 @@ __global__ void __launch_bounds__(kBlock)
         *reinterpret_cast<uint4*>(dk + out) = kw;
         *reinterpret_cast<uint4*>(dv + out) = vw;
     }
+}
+
+// What follows the main kernel, in one launch (the two parts are independent, so the many
+// (block, group) CTAs that exit at once no longer cost a launch and a pass of their own): the
+// first finish_ctas CTAs finish dK/dV, two (block, group) rows each, (pb, g) = (r % P, r / P) for
+// row r; the rest cast dQ (dq_fragments.cuh). kCastThreads = 2 x 128 threads.
+static_assert(kCastThreads == 2 * kBlock, "a finish CTA is two rows of 128 threads");
+inline unsigned finish_ctas(int padded_kv_blocks) { return static_cast<unsigned>(kGroups * padded_kv_blocks + 1) / 2; }
+
+__global__ void __launch_bounds__(kCastThreads)
+    backward_epilogue_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
+                             const float* __restrict__ dkv_acc, const MsaVarlen varlen, bool zero_empty,
+                             uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, unsigned n_finish,
+                             const float* __restrict__ dq_accum, uint16_t* __restrict__ dq) {
+    if (blockIdx.x >= n_finish) {
+        cast_dq_chunks(dq_accum, dq, static_cast<int64_t>(blockIdx.x - n_finish));
+        return;
+    }
+    const int P = varlen.padded_kv_blocks;
+    const int r = 2 * static_cast<int>(blockIdx.x) + static_cast<int>(threadIdx.x / kBlock);
+    if (r < kGroups * P)
+        finish_dkv_row(phys_row_ptr, split_slot, dkv_acc, varlen, zero_empty, dk, dv, r % P, r / P,
+                       static_cast<int>(threadIdx.x % kBlock));
+}
+
+// What precedes the main kernel, in one launch: CTA 0 builds the items (backward_items.cuh)
+// while CTAs 1.. zero the dQ accumulator's dq_quads float4s (formerly a memset and a one-CTA
+// kernel after it: the build, 7-19 us of dependent scans on one SM, now runs under the zeroing).
+__global__ void __launch_bounds__(kItemBuildThreads)
+    backward_setup_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int grid,
+                          int4* __restrict__ rows_out, int4* __restrict__ items, int32_t* __restrict__ order,
+                          int32_t* __restrict__ position, int32_t* __restrict__ split_slot,
+                          int32_t* __restrict__ counts, float4* __restrict__ dq_accum, int64_t dq_quads) {
+    if (blockIdx.x == 0) {
+        build_backward_items(phys_row_ptr, blocks, capacity, grid, rows_out, items, order, position, split_slot,
+                             counts);
+        return;
+    }
+    const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * kItemBuildThreads;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x - 1) * kItemBuildThreads + threadIdx.x; i < dq_quads; i += stride)
+        dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
@@ -655,7 +695,7 @@ inline bool backward_launches(int capacity, int total_q) { return capacity > 0 &
 // Encodes the maps and launches backward_grid persistent CTAs (the item count is read on the
 // device). dq_accum accumulates and so does dkv_acc unless kDet (zero them first); delta =
 // rowsum(dout * out). kDet: the order tables of backward_order.cuh built for this grid, the
-// semaphores zeroed. Run backward_dkv_finish_kernel after it.
+// semaphores zeroed. Run backward_epilogue_kernel after it.
 template <bool kDet>
 inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                                    const Params& p, int capacity, int sms, cudaStream_t stream) {
