@@ -151,10 +151,9 @@ int main(int argc, char** argv) {
         int* row_ptr = upload(csr.row_ptr);
         int* qidx = upload(csr.q);
         int* valid = upload(csr.valid);
-        auto build_items = [&] {  // and zero the dQ accumulator beside it
-            msa::bwd90::backward_setup_kernel<<<1 + 2 * sms, msa::kItemBuildThreads>>>(
-                row_ptr, h.P, cap, grid, rows, items, order, position, split_slot, counts,
-                reinterpret_cast<float4*>(dq_acc), int64_t(nq / 4));
+        auto build_items = [&] {
+            msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, grid, rows, items, order,
+                                                                        position, split_slot, counts);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
@@ -206,6 +205,7 @@ int main(int argc, char** argv) {
         const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, row_ptr, vl, dq_acc, dkv_acc, dk, dv};
         auto run_main = [&] { CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr)); };
         auto run_sm90 = [&] {
+            CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
             build_items();
             msa::bwd90::backward_zero_slots_kernel<<<4 * sms, 256>>>(counts, reinterpret_cast<float4*>(dkv_acc));
             run_main();

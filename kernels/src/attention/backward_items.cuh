@@ -19,15 +19,16 @@ constexpr int kKvItemQueries = MSA_KV_ITEM_QUERIES;
 constexpr int kItemBuildThreads = 1024;
 constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
 
-// By one CTA of kItemBuildThreads: rows [capacity, 4] = (head, block, first entry, end entry) by
-// item id; items [capacity, 4] the same in run order for `grid` CTAs, rows past the count 0;
-// order [capacity] = the id at each position, position [capacity] = the position of each id;
-// split_slot [4, P]; counts [2] = (items, slots). Internal linkage, as every header kernel.
+// rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
+// same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each
+// position, position [capacity] = the position of each id; split_slot [4, P]; counts [2] =
+// (items, slots). Internal linkage, as every header kernel.
 namespace {
-__device__ __forceinline__ void build_backward_items(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity,
-                                                     int grid, int4* __restrict__ rows_out, int4* __restrict__ items,
-                                                     int32_t* __restrict__ order, int32_t* __restrict__ position,
-                                                     int32_t* __restrict__ split_slot, int32_t* __restrict__ counts) {
+__global__ void __launch_bounds__(kItemBuildThreads)
+    backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int grid,
+                          int4* __restrict__ rows_out, int4* __restrict__ items, int32_t* __restrict__ order,
+                          int32_t* __restrict__ position, int32_t* __restrict__ split_slot,
+                          int32_t* __restrict__ counts) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
     const int rows = kGroups * blocks;

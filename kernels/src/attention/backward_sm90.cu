@@ -1,7 +1,7 @@
 // The sm_90a backward (msa_attn_backward_sm90, and its deterministic mode
-// msa_attn_backward_sm90_det), launches of attention/backward_sm90.cuh: the setup (the device
-// item build beside the dQ accumulator's zeroing), the KV-outer main kernel and the epilogue
-// (the dK/dV finisher beside the dQ cast, attention/dq_fragments.cuh); the deterministic mode
+// msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the epilogue
+// of attention/backward_sm90.cuh (the dK/dV finisher beside the dQ cast of
+// attention/dq_fragments.cuh), with the dQ accumulator zeroed first; the deterministic mode
 // builds the order of attention/backward_order.cuh in between. Compute
 // capability 9.0 only: other devices take the mma.sync backward.
 #include <cstdint>
@@ -74,11 +74,11 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
 
+    MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
     const int grid = backward_grid(w.item_capacity, sms);
-    MSA_TRY(launch(backward_setup_kernel, dim3(1 + 2 * sms), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
+    MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    vl.padded_kv_blocks, w.item_capacity, grid, reinterpret_cast<int4*>(base + w.rows), items, order,
-                   position, split_slot, counts, reinterpret_cast<float4*>(dq_accum),
-                   static_cast<int64_t>(w.items / sizeof(float4))));
+                   position, split_slot, counts));
     Params p{};
     if constexpr (kDet) {
         int32_t* tg_count = reinterpret_cast<int32_t*>(base + w.tg_count);

@@ -101,7 +101,7 @@ static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemS
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
-    const int32_t* counts;  // [2]: items, dK/dV slots (build_backward_items)
+    const int32_t* counts;  // [2]: items, dK/dV slots (backward_items_kernel)
     const int32_t* phys_q_indices;  // [4, T * 16]
     const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
     const float* lse;               // [T, 64]
@@ -655,24 +655,6 @@ __global__ void __launch_bounds__(kCastThreads)
     if (r < kGroups * P)
         finish_dkv_row(phys_row_ptr, split_slot, dkv_acc, varlen, zero_empty, dk, dv, r % P, r / P,
                        static_cast<int>(threadIdx.x % kBlock));
-}
-
-// What precedes the main kernel, in one launch: CTA 0 builds the items (backward_items.cuh)
-// while CTAs 1.. zero the dQ accumulator's dq_quads float4s (formerly a memset and a one-CTA
-// kernel after it: the build, 7-19 us of dependent scans on one SM, now runs under the zeroing).
-__global__ void __launch_bounds__(kItemBuildThreads)
-    backward_setup_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int grid,
-                          int4* __restrict__ rows_out, int4* __restrict__ items, int32_t* __restrict__ order,
-                          int32_t* __restrict__ position, int32_t* __restrict__ split_slot,
-                          int32_t* __restrict__ counts, float4* __restrict__ dq_accum, int64_t dq_quads) {
-    if (blockIdx.x == 0) {
-        build_backward_items(phys_row_ptr, blocks, capacity, grid, rows_out, items, order, position, split_slot,
-                             counts);
-        return;
-    }
-    const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * kItemBuildThreads;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x - 1) * kItemBuildThreads + threadIdx.x; i < dq_quads; i += stride)
-        dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
