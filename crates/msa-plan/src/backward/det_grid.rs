@@ -54,13 +54,22 @@ mod tests {
 
     #[test]
     fn steps_are_powers_of_two_with_the_slack() {
-        for b in [1.0f32, 0.75, 3.0e-3, 1.0e-30, 6.0e4, f32::MIN_POSITIVE, 1.0e-44] {
+        for b in [
+            1.0f32,
+            0.75,
+            3.0e-3,
+            1.0e-30,
+            6.0e4,
+            f32::MIN_POSITIVE,
+            1.0e-44,
+        ] {
             let s = grid_step(b);
             assert_eq!(s.to_bits() & 0x7f_ffff, 0, "{b}: a power of two");
             let e = s.log2() as i32;
             assert!(e >= MIN_EXP);
             assert!(
-                e == MIN_EXP || (2f64.powi(e + SLACK) > b as f64 && 2f64.powi(e + SLACK - 1) <= b as f64),
+                e == MIN_EXP
+                    || (2f64.powi(e + SLACK) > b as f64 && 2f64.powi(e + SLACK - 1) <= b as f64),
                 "{b}: e = {e}"
             );
         }
