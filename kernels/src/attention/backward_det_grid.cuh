@@ -50,37 +50,39 @@ __device__ __forceinline__ float grid_step(float b) {
 
 namespace {  // internal linkage: each including translation unit launches its own
 
-constexpr int kBoundThreads = 128;  // one key of the block per thread
+constexpr int kBoundThreads = 128;
 
 __device__ __forceinline__ float bf16_lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// Per (physical block pb, group g): kv_bound[(g P + pb) * 2] = max |K| over the block's keys and
-// dims, + 1 = max |V_k|_2 (0 for blocks without keys). Grid (P, 4). Maxima of non-negative floats
-// compare as integers, so the result is order-free.
+// Per (physical block pb, group g) with a CSR entry: kv_bound[(g P + pb) * 2] = max |K| over the
+// block's keys and dims, + 1 = max |V_k|_2 (blocks nobody selected are never read: on a long
+// document most of the keys). Grid (P, 4); a half warp per key row (256 coalesced bytes each of
+// K and V). Maxima of non-negative floats are order-free.
 __global__ void __launch_bounds__(kBoundThreads)
-    backward_kv_bound_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v, const MsaVarlen varlen,
+    backward_kv_bound_kernel(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                             const int32_t* __restrict__ phys_row_ptr, const MsaVarlen varlen,
                              float* __restrict__ kv_bound) {
-    const int pb = blockIdx.x, g = blockIdx.y;
+    const int pb = blockIdx.x, g = blockIdx.y, P = varlen.padded_kv_blocks;
+    const int32_t* row_ptr = phys_row_ptr + static_cast<int64_t>(g) * (P + 1);
+    if (row_ptr[pb + 1] == row_ptr[pb]) return;
     const BlockKeys bk = block_keys(varlen, pb);
+    const int part = threadIdx.x & 15;
     float ka = 0.f, vn = 0.f;
-    if (static_cast<int>(threadIdx.x) < bk.count) {
-        const int64_t at = (static_cast<int64_t>(bk.start) + threadIdx.x) * kKRowElems + g * kHeadDim;
-        const uint4* kr = reinterpret_cast<const uint4*>(k + at);
-        const uint4* vr = reinterpret_cast<const uint4*>(v + at);
+    for (int key = threadIdx.x >> 4; key < bk.count; key += kBoundThreads / 16) {
+        const int64_t at = (static_cast<int64_t>(bk.start) + key) * kKRowElems + g * kHeadDim + part * 8;
+        const uint4 a = *reinterpret_cast<const uint4*>(k + at), b = *reinterpret_cast<const uint4*>(v + at);
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
         float vs = 0.f;
 #pragma unroll
-        for (int i = 0; i < kHeadDim / 8; ++i) {
-            const uint4 a = kr[i], b = vr[i];
-            const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                ka = fmaxf(ka, fmaxf(fabsf(bf16_lo_f(aw[j])), fabsf(bf16_hi_f(aw[j]))));
-                vs = fmaf(bf16_lo_f(bw[j]), bf16_lo_f(bw[j]), vs);
-                vs = fmaf(bf16_hi_f(bw[j]), bf16_hi_f(bw[j]), vs);
-            }
+        for (int j = 0; j < 4; ++j) {
+            ka = fmaxf(ka, fmaxf(fabsf(bf16_lo_f(aw[j])), fabsf(bf16_hi_f(aw[j]))));
+            vs = fmaf(bf16_lo_f(bw[j]), bf16_lo_f(bw[j]), vs);
+            vs = fmaf(bf16_hi_f(bw[j]), bf16_hi_f(bw[j]), vs);
         }
-        vn = sqrtf(vs) * 1.0001f;  // the rounded sum and root stay below the true norm x 1.0001
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) vs += __shfl_xor_sync(0xffffffffu, vs, o, 16);
+        vn = fmaxf(vn, sqrtf(vs) * 1.0001f);  // the rounded sum and root stay below x 1.0001
     }
     __shared__ float red[2][kBoundThreads / 32];
 #pragma unroll
@@ -97,46 +99,56 @@ __global__ void __launch_bounds__(kBoundThreads)
         float m = 0.f;
 #pragma unroll
         for (int w = 0; w < kBoundThreads / 32; ++w) m = fmaxf(m, red[threadIdx.x][w]);
-        kv_bound[(static_cast<int64_t>(g) * varlen.padded_kv_blocks + pb) * 2 + threadIdx.x] = m;
+        kv_bound[(static_cast<int64_t>(g) * P + pb) * 2 + threadIdx.x] = m;
     }
 }
 
-constexpr int kStepThreads = 256;  // one (query, group) per CTA: a half warp per head
+constexpr int kStepThreads = 256;  // a warp per (query, group)
 
 // dq_step [T, 64]: the grid step of each dQ row from |dO| (read here), delta and the bounds of the
-// row's selected blocks (topk [4, T, 16], document-local ids, -1 padding). Grid 4T (t-major).
+// row's selected blocks (topk [4, T, 16], document-local ids, -1 padding). Grid 4T / 8 (t-major):
+// lanes 2h, 2h + 1 read head h's row (256 bytes), lane j < 16 reads selection entry j and its
+// block's bounds; every load is issued before the first use, so the warps wait once.
 __global__ void __launch_bounds__(kStepThreads)
     backward_dq_step_kernel(const uint16_t* __restrict__ dout, const float* __restrict__ delta,
                             const int32_t* __restrict__ topk, const float* __restrict__ kv_bound,
                             const MsaVarlen varlen, float* __restrict__ dq_step) {
-    const int t = blockIdx.x / kGroups, g = blockIdx.x % kGroups;
-    const int h = g * kHeadsPerGroup + static_cast<int>(threadIdx.x >> 4), part = threadIdx.x & 15;
-    const int64_t row = static_cast<int64_t>(t) * kHeads + h;
-    const uint4 w = *reinterpret_cast<const uint4*>(dout + row * kHeadDim + part * 8);
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    const int tg = blockIdx.x * (kStepThreads / 32) + static_cast<int>(threadIdx.x >> 5);
+    if (tg >= varlen.total_q * kGroups) return;
+    const int t = tg / kGroups, g = tg % kGroups, lane = threadIdx.x & 31;
+    const int h = lane >> 1;  // this lane's head of the group
+    const int64_t row = static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup + h;
+    const uint4* src = reinterpret_cast<const uint4*>(dout + row * kHeadDim) + (lane & 1) * 8;
+    uint4 w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = src[i];
+    const float dl = fabsf(delta[row]);
+    const int b = topk[(static_cast<int64_t>(g) * varlen.total_q + t) * kTopK + (lane & 15)];
+    const QueryCoord qc = query_coord(varlen, t);
+    float ka = 0.f, vn = 0.f;
+    const int pb = qc.phys_base + b;
+    if (b >= 0 && pb < varlen.padded_kv_blocks) {
+        const float2 kb = *reinterpret_cast<const float2*>(kv_bound + (static_cast<int64_t>(g) * varlen.padded_kv_blocks + pb) * 2);
+        ka = kb.x;
+        vn = kb.y;
+    }
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        ss = fmaf(bf16_lo_f(ws[j]), bf16_lo_f(ws[j]), ss);
-        ss = fmaf(bf16_hi_f(ws[j]), bf16_hi_f(ws[j]), ss);
-    }
+    for (int i = 0; i < 8; ++i) {
+        const uint32_t ws[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o, 16);
-    const float dn = sqrtf(ss) * 1.0001f, dl = fabsf(delta[row]);
-    // Lane `part` takes selection entry `part` (kTopK == 16 entries, one per lane of the half).
-    const QueryCoord qc = query_coord(varlen, t);
-    const int b = topk[(static_cast<int64_t>(g) * varlen.total_q + t) * kTopK + part];
-    float term = 0.f;
-    if (b >= 0) {
-        const int pb = qc.phys_base + b;
-        if (pb < varlen.padded_kv_blocks) {
-            const float* kb = kv_bound + (static_cast<int64_t>(g) * varlen.padded_kv_blocks + pb) * 2;
-            term = fmaf(dn, kb[1], dl) * kb[0];
+        for (int j = 0; j < 4; ++j) {
+            ss = fmaf(bf16_lo_f(ws[j]), bf16_lo_f(ws[j]), ss);
+            ss = fmaf(bf16_hi_f(ws[j]), bf16_hi_f(ws[j]), ss);
         }
     }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    const float dn = sqrtf(ss) * 1.0001f;
+    float term = 0.f;
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) term = fmaxf(term, __shfl_xor_sync(0xffffffffu, term, o, 16));
-    if (part == 0) dq_step[row] = grid_step(term * (kScale * 1.01f));
+    for (int j = 0; j < kTopK; ++j)
+        term = fmaxf(term, fmaf(dn, __shfl_sync(0xffffffffu, vn, j), dl) * __shfl_sync(0xffffffffu, ka, j));
+    if ((lane & 1) == 0) dq_step[row] = grid_step(term * (kScale * 1.01f));
 }
 
 }  // namespace

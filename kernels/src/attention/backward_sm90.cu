@@ -95,9 +95,10 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
                        static_cast<const int32_t*>(item_start), a.phys_row_ptr, vl.padded_kv_blocks, grid, dkv_rank));
         if (vl.padded_kv_blocks > 0)
             MSA_TRY(launch(backward_kv_bound_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBoundThreads), stream,
-                           a.k, a.v, vl, kv_bound));
+                           a.k, a.v, a.phys_row_ptr, vl, kv_bound));
         if (vl.total_q > 0)
-            MSA_TRY(launch(backward_dq_step_kernel, dim3(static_cast<unsigned>(vl.total_q) * kGroups),
+            MSA_TRY(launch(backward_dq_step_kernel,
+                           dim3((static_cast<unsigned>(vl.total_q) * kGroups + kStepThreads / 32 - 1) / (kStepThreads / 32)),
                            dim3(kStepThreads), stream, a.dout, a.delta, a.topk, static_cast<const float*>(kv_bound),
                            vl, dq_step));
         p.dq_step = dq_step;
