@@ -69,9 +69,17 @@ __global__ void __launch_bounds__(kBoundThreads)
     const BlockKeys bk = block_keys(varlen, pb);
     const int part = threadIdx.x & 15;
     float ka = 0.f, vn = 0.f;
-    for (int key = threadIdx.x >> 4; key < bk.count; key += kBoundThreads / 16) {
-        const int64_t at = (static_cast<int64_t>(bk.start) + key) * kKRowElems + g * kHeadDim + part * 8;
-        const uint4 a = *reinterpret_cast<const uint4*>(k + at), b = *reinterpret_cast<const uint4*>(v + at);
+    // The trip count is the CTA's (a half warp past the block's keys reads zeros), so that both
+    // halves of a warp reach every full-mask shuffle: a key-bound loop hung on partial blocks
+    // (run 54).
+    for (int k0 = 0; k0 < bk.count; k0 += kBoundThreads / 16) {
+        const int key = k0 + static_cast<int>(threadIdx.x >> 4);
+        uint4 a = make_uint4(0, 0, 0, 0), b = a;
+        if (key < bk.count) {
+            const int64_t at = (static_cast<int64_t>(bk.start) + key) * kKRowElems + g * kHeadDim + part * 8;
+            a = *reinterpret_cast<const uint4*>(k + at);
+            b = *reinterpret_cast<const uint4*>(v + at);
+        }
         const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
         float vs = 0.f;
 #pragma unroll
