@@ -182,8 +182,14 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     // product's registers are complete, and waited for every wgmma in flight before reading them.
     float dq_pend[32] = {};
     int pend_t[kTileQueries], pend_g = -1;  // pend_g < 0: nothing pending
+    float pend_step0 = 0.f, pend_step1 = 0.f;  // kDet: the pending rows' grids
     auto stage_pending = [&]() {
         const int buf = (tile_it - 1) & 1;
+        if constexpr (kDet) {
+            // Rounded here, while the next tile's S^T is in flight, not on the tile's tail.
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dq_pend[i] = to_grid(dq_pend[i], (i & 2) ? pend_step1 : pend_step0);
+        }
         stage_dq(sm, dq_pend, buf, warp, lane, wg);
         if (issuer) bulk_wait_read_all();  // tile_it - 2's reductions have read the other buffer
         consumers_sync();
@@ -316,12 +322,14 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             // the next tile (stage_pending). Buffer b's last reductions (tile_it - 2) finished
             // reading it before the issuer passed tile_it - 1's "staged" barrier, and that barrier
             // (after each warpgroup's dQ wait) also orders this tile's dS^T writes after both
-            // warpgroups' previous dQ products. kDet: each value rounded to its row's grid.
+            // warpgroups' previous dQ products. kDet: each value rounded to its row's grid there.
             // (Per-warpgroup staging and reductions with dS^T double-buffered, so that the
             // warpgroups meet once per tile, measured 6% slower: docs/perf.)
 #pragma unroll
-            for (int i = 0; i < 32; ++i) dq_pend[i] = kDet ? to_grid(dq[i], (i & 2) ? step1 : step0) : dq[i];
+            for (int i = 0; i < 32; ++i) dq_pend[i] = dq[i];
             fence_regs(dq_pend);
+            pend_step0 = step0;
+            pend_step1 = step1;
 #pragma unroll
             for (int slot = 0; slot < kTileQueries; ++slot) pend_t[slot] = info.t[slot];
             pend_g = g;
