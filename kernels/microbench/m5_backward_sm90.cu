@@ -209,9 +209,10 @@ int main(int argc, char** argv) {
             build_items();
             msa::bwd90::backward_zero_slots_kernel<<<4 * sms, 256>>>(counts, reinterpret_cast<float4*>(dkv_acc));
             run_main();
-            msa::bwd90::backward_dkv_finish_kernel<<<dim3(h.P, 4), 128>>>(row_ptr, split_slot, dkv_acc, vl, false, dk, dv);
+            const unsigned n_finish = msa::bwd90::finish_ctas(h.P);
+            msa::bwd90::backward_epilogue_kernel<<<n_finish + msa::bwd90::dq_cast_ctas(h.T), msa::bwd90::kCastThreads>>>(
+                row_ptr, split_slot, dkv_acc, vl, false, dk, dv, n_finish, dq_acc, dq);
             CK(cudaGetLastError());
-            CK(msa::bwd90::launch_dq_cast(dq_acc, dq, h.T, nullptr));
         };
 
         run_v1();

@@ -718,12 +718,12 @@ unsafe extern "C" {
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then the order\n tables: counters [4, T] i32, dQ semaphores [4, T] i32, slot semaphores [floor(64 T / 513)] i32,\n item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32 each, key lists [4, T, 16] u64 and dQ\n ranks [4, T * 16] u8 (about 8.5 bytes per CSR entry more: 107 MB at T = 196,608)."]
+    #[doc = " Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then slot\n semaphores [floor(64 T / 513)] i32, item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32\n each, block bounds [4, P, 2] f32 and the dQ grid [T, 64] f32 (about 2.2 bytes per CSR entry\n more)."]
     pub fn msa_attn_backward_sm90_det_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). After the item build it zeroes the counters and semaphores and\n builds the accumulation order (attention/backward_order.cuh: three kernels); the main kernel\n (the same one, kDet) adds each dQ tile's contributions and each split row's dK/dV partials in\n that order under semaphores; no slot zeroing. Graph-capturable, no host synchronization."]
+    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). Also reads topk. After the item build it zeroes the slot\n semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ\n row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from |dout|,\n delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ\n contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each\n split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.\n Graph-capturable, no host synchronization."]
     pub fn msa_attn_backward_sm90_det(
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,

@@ -104,16 +104,19 @@ int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * (grid (P, 4), 128 threads); the dQ cast (grid 2 T, 256 threads). Reads q, k, v, dout, lse,
  * delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
 int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
-/* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then the order
- * tables: counters [4, T] i32, dQ semaphores [4, T] i32, slot semaphores [floor(64 T / 513)] i32,
- * item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32 each, key lists [4, T, 16] u64 and dQ
- * ranks [4, T * 16] u8 (about 8.5 bytes per CSR entry more: 107 MB at T = 196,608). */
+/* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then slot
+ * semaphores [floor(64 T / 513)] i32, item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32
+ * each, block bounds [4, P, 2] f32 and the dQ grid [T, 64] f32 (about 2.2 bytes per CSR entry
+ * more). */
 int msa_attn_backward_sm90_det_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 /* msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same
- * device, same number of SMs). After the item build it zeroes the counters and semaphores and
- * builds the accumulation order (attention/backward_order.cuh: three kernels); the main kernel
- * (the same one, kDet) adds each dQ tile's contributions and each split row's dK/dV partials in
- * that order under semaphores; no slot zeroing. Graph-capturable, no host synchronization. */
+ * device, same number of SMs). Also reads topk. After the item build it zeroes the slot
+ * semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ
+ * row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from |dout|,
+ * delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ
+ * contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each
+ * split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.
+ * Graph-capturable, no host synchronization. */
 int msa_attn_backward_sm90_det(const MsaAttnBwdParams* params, void* stream);
 
 /* Backward main kernel, KV-outer over the device task tables (NeMo's structure): accumulates

@@ -1,8 +1,9 @@
 // The sm_90a backward (msa_attn_backward_sm90, and its deterministic mode
-// msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the dK/dV
-// finisher of attention/backward_sm90.cuh, with the dQ accumulator (attention/dq_fragments.cuh)
-// zeroed first and cast last;
-// the deterministic mode builds the order of attention/backward_order.cuh in between. Compute
+// msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the epilogue
+// of attention/backward_sm90.cuh (the dK/dV finisher beside the dQ cast of
+// attention/dq_fragments.cuh), with the dQ accumulator zeroed first; the deterministic mode
+// builds its dQ grid (attention/backward_det_grid.cuh) and the dK/dV order of
+// attention/backward_order.cuh in between. Compute
 // capability 9.0 only: other devices take the mma.sync backward.
 #include <cstdint>
 
@@ -12,6 +13,7 @@
 #include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
 #include "common/launch.cuh"
+#include "attention/backward_det_grid.cuh"
 #include "attention/backward_items.cuh"
 #include "attention/backward_order.cuh"
 #include "attention/backward_sm90.cuh"
@@ -21,10 +23,10 @@ namespace msa::bwd90 {
 namespace {
 
 // msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
-// mode adds the order tables (item_start .. dq_rank), zero-filled parts first.
+// mode adds the slot semaphores (zeroed), the order tables and the dQ grid.
 struct Workspace {
     size_t dq_accum, items, rows, order, position, split_slot, counts, dkv_acc, bytes;
-    size_t tg_count, dq_sem, dkv_sem, item_start, dkv_rank, lists, dq_rank;
+    size_t dkv_sem, item_start, dkv_rank, kv_bound, dq_step;
     int item_capacity;
 };
 
@@ -44,16 +46,14 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.counts = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
-    w.tg_count = w.dq_sem = w.dkv_sem = w.item_start = w.dkv_rank = w.lists = w.dq_rank = w.bytes;
+    w.dkv_sem = w.item_start = w.dkv_rank = w.kv_bound = w.dq_step = w.bytes;
     if (det) {
-        w.tg_count = w.bytes;
-        w.dq_sem = w.tg_count + kGroups * t * sizeof(int32_t);  // zeroed with tg_count: no align
-        w.dkv_sem = w.dq_sem + kGroups * t * sizeof(int32_t);
-        w.item_start = align(w.dkv_sem + slots * sizeof(int32_t));
+        w.dkv_sem = w.bytes;
+        w.item_start = w.dkv_sem + align(slots * sizeof(int32_t));
         w.dkv_rank = w.item_start + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
-        w.lists = w.dkv_rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
-        w.dq_rank = w.lists + align(edges * sizeof(uint64_t));
-        w.bytes = w.dq_rank + align(edges);
+        w.kv_bound = w.dkv_rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+        w.dq_step = w.kv_bound + align(kGroups * p * 2 * sizeof(float));
+        w.bytes = w.dq_step + align(t * kHeads * sizeof(float));
     }
     return w;
 }
@@ -81,26 +81,28 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
                    position, split_slot, counts));
     Params p{};
     if constexpr (kDet) {
-        int32_t* tg_count = reinterpret_cast<int32_t*>(base + w.tg_count);
         int32_t* item_start = reinterpret_cast<int32_t*>(base + w.item_start);
         int32_t* dkv_rank = reinterpret_cast<int32_t*>(base + w.dkv_rank);
-        uint64_t* lists = reinterpret_cast<uint64_t*>(base + w.lists);
-        uint8_t* dq_rank = reinterpret_cast<uint8_t*>(base + w.dq_rank);
-        MSA_TRY(cudaMemsetAsync(tg_count, 0, w.item_start - w.tg_count, stream));  // + dq_sem, dkv_sem
+        float* kv_bound = reinterpret_cast<float*>(base + w.kv_bound);
+        float* dq_step = reinterpret_cast<float*>(base + w.dq_step);
+        if (a.topk == nullptr) return cudaErrorInvalidValue;
+        MSA_TRY(cudaMemsetAsync(base + w.dkv_sem, 0, w.item_start - w.dkv_sem, stream));
         MSA_TRY(launch(backward_order_start_kernel, dim3(1), dim3(kOrderThreads), stream,
                        static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid, item_start));
-        MSA_TRY(launch(backward_order_keys_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
+        MSA_TRY(launch(backward_order_dkv_kernel, dim3(4 * sms), dim3(kOrderThreads), stream,
                        static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
                        static_cast<const int32_t*>(order), static_cast<const int32_t*>(position),
-                       static_cast<const int32_t*>(item_start), a.phys_row_ptr, a.phys_q_indices, vl.total_q,
-                       vl.padded_kv_blocks, grid, tg_count, lists, dkv_rank));
-        MSA_TRY(launch(backward_order_ranks_kernel, dim3(4 * sms), dim3(kOrderEntryThreads), stream,
-                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
-                       static_cast<const int32_t*>(item_start), a.phys_q_indices, vl.total_q, grid,
-                       static_cast<const int32_t*>(tg_count), static_cast<const uint64_t*>(lists), dq_rank));
-        p.dq_rank = dq_rank;
+                       static_cast<const int32_t*>(item_start), a.phys_row_ptr, vl.padded_kv_blocks, grid, dkv_rank));
+        if (vl.padded_kv_blocks > 0)
+            MSA_TRY(launch(backward_kv_bound_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBoundThreads), stream,
+                           a.k, a.v, a.phys_row_ptr, vl, kv_bound));
+        if (vl.total_q > 0)
+            MSA_TRY(launch(backward_dq_step_kernel,
+                           dim3((static_cast<unsigned>(vl.total_q) * kGroups + kStepThreads / 32 - 1) / (kStepThreads / 32)),
+                           dim3(kStepThreads), stream, a.dout, a.delta, a.topk, static_cast<const float*>(kv_bound),
+                           vl, dq_step));
+        p.dq_step = dq_step;
         p.dkv_rank = dkv_rank;
-        p.dq_sem = reinterpret_cast<int32_t*>(base + w.dq_sem);
         p.dkv_sem = reinterpret_cast<int32_t*>(base + w.dkv_sem);
     } else {
         MSA_TRY(launch(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), stream,
@@ -120,11 +122,12 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     p.dk = a.dk;
     p.dv = a.dv;
     MSA_TRY(launch_backward<kDet>(a.q, a.k, a.v, a.dout, p, w.item_capacity, sms, stream));
-    if (vl.padded_kv_blocks > 0)
-        MSA_TRY(launch(backward_dkv_finish_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBlock), stream,
-                       a.phys_row_ptr, static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc),
-                       vl, !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv));
-    return launch_dq_cast(dq_accum, a.dq, vl.total_q, stream);
+    const unsigned n_finish = finish_ctas(vl.padded_kv_blocks), n_cast = dq_cast_ctas(vl.total_q);
+    if (n_finish + n_cast == 0) return cudaSuccess;
+    return launch(backward_epilogue_kernel, dim3(n_finish + n_cast), dim3(kCastThreads), stream, a.phys_row_ptr,
+                  static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc), vl,
+                  !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv, n_finish,
+                  static_cast<const float*>(dq_accum), a.dq);
 }
 
 }  // namespace

@@ -14,14 +14,16 @@
 //                                      reduce-add of 8 KiB per query.
 // At the item's end a block whose whole CSR row is this item writes dK, dV in bf16; a block whose
 // row is split over several items adds them into its fp32 slot of `dkv_acc`, and
-// backward_dkv_finish_kernel casts those. The blocks nobody selected get their zeros from the
+// backward_epilogue_kernel casts those. The blocks nobody selected get their zeros from the
 // producer warpgroup's two otherwise idle warps while the consumers compute (on a long document
 // that is most of dK, dV: 388 MB on a 189K-key rank, 0.12 ms as a pass of its own).
 // A producer warp loads K and V per item and Q, dO (tensor boxes of one query's 16 heads; a
 // missing query loads zeros) and the lse / delta rows per tile into a 2-stage ring.
-// Deterministic mode (kDet, the same kernel): each dQ tile and each split row's slot accumulates
-// in the fixed order of attention/backward_order.cuh (semaphores; its comment argues deadlock
-// freedom), and the first contribution to a slot stores instead of adding (no zeroing).
+// Deterministic mode (kDet, the same kernel): each dQ contribution is rounded to its row's grid
+// (attention/backward_det_grid.cuh), so the reduce-adds are exact and their order cannot matter;
+// each split row's dK/dV slot accumulates in the fixed order of attention/backward_order.cuh
+// (a semaphore per slot; its comment argues deadlock freedom), the first contribution storing
+// instead of adding (no zeroing).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +38,7 @@
 #include "common/sm90/semaphore.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
+#include "attention/backward_det_grid.cuh"
 #include "attention/backward_order.cuh"
 #include "attention/dq_fragments.cuh"
 
@@ -61,15 +64,11 @@ static_assert(kTileQueries == kItemTileQueries, "the order's tiles are the kerne
 
 // setmaxnreg per warpgroup: multiples of 8 that balance the launch's 168 registers a thread
 // (65,536 / 384, rounded down to 8): 128 x (168 - producer) = 256 x (consumer - 168).
-// The default mode's consumers take 240 (+0.7%, run 49); its producer-side code spills 27
-// instructions at 24, off the tensor pipe's path. The deterministic mode's writer warps run
-// beside the consumers and lost 3.9% at 24 / 240, so it keeps 40 / 232.
-template <bool kDet>
-constexpr int kProducerRegs = kDet ? 40 : 24;
-template <bool kDet>
-constexpr int kConsumerRegs = kDet ? 232 : 240;
-static_assert(128 * (168 - kProducerRegs<false>) == 256 * (kConsumerRegs<false> - 168), "balanced split");
-static_assert(128 * (168 - kProducerRegs<true>) == 256 * (kConsumerRegs<true> - 168), "balanced split");
+// The consumers take 240 (+0.7% over 232, run 49); the producer-side code spills 27
+// instructions at 24, off the tensor pipe's path.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+static_assert(128 * (168 - kProducerRegs) == 256 * (kConsumerRegs - 168), "balanced split");
 
 // The queries of one tile: packed index (-1 = empty slot) and keys of the block it sees.
 struct TileInfo {
@@ -77,8 +76,7 @@ struct TileInfo {
     int nv[kTileQueries];
 };
 
-// The dQ staging is double-buffered (209 KB): the default mode needs no "staging free" barrier,
-// and kDet's writer warps wait for their turn and for each add while the next tile computes.
+// The dQ staging is double-buffered (209 KB): no "staging free" barrier.
 template <bool kDet>
 struct Smem {
     static constexpr int kDqBuffers = 2;
@@ -93,7 +91,7 @@ struct Smem {
     TileInfo info[kStages];
     uint64_t kv_full, kv_empty;
     uint64_t q_full[kStages], q_empty[kStages];
-    uint64_t dq_full[kDqBuffers], dq_empty[kDqBuffers];  // kDet: staged (consumers) / reduced (writer)
+    alignas(16) float step[kDet ? kStages : 1][kDet ? kRows : 1];  // kDet: each row's dQ grid (bulk loads)
 };
 template <bool kDet>
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<kDet>));
@@ -113,10 +111,9 @@ struct Params {
     float* dkv_acc;   // [slots, 2, 128 keys, 128 d]: dK, dV of split rows (zeroed)
     uint16_t* dk;     // [Tk, 4, 128]
     uint16_t* dv;
-    // kDet only (attention/backward_order.cuh):
-    const uint8_t* dq_rank;   // [4, T * 16]: rank of each CSR entry's dQ reduction in its tile
+    // kDet only (attention/backward_det_grid.cuh, attention/backward_order.cuh):
+    const float* dq_step;     // [T, 64]: the grid of each dQ row's contributions
     const int32_t* dkv_rank;  // [items]: rank of an item's dK/dV addition in its split row
-    int32_t* dq_sem;          // [4, T]: reductions done per dQ tile (zeroed)
     int32_t* dkv_sem;         // [slots]: additions done per split row's slot (zeroed)
 };
 
@@ -168,7 +165,7 @@ __device__ __forceinline__ void reduce_dq(const Params& p, Smem<kDet>& sm, const
     bulk_commit();
 }
 
-// Named barrier 1: both consumer warpgroups (dS complete; dQ staged, kDet: before its staging).
+// Named barrier 1: both consumer warpgroups (dS complete; dQ staged).
 __device__ __forceinline__ void consumers_sync() { named_sync(1, 256); }
 
 template <bool kDet>
@@ -177,16 +174,22 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     const int c = 2 * (lane & 3);
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
     const bool issuer = threadIdx.x == 128;  // issues the dQ reductions (kDet: orders dK/dV adds)
+    const int head = lane >> 2;               // dQ rows head and head + 8 of query slot `warp`
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
-    // Default mode: tile j's dQ is staged and reduced during tile j + 1, while that tile's S^T
-    // is in flight (the tensor pipe idled through the staging); the last tile's after the loop.
+    // Tile j's dQ is staged and reduced during tile j + 1, while that tile's S^T is in flight (the tensor pipe idled through the staging); the last tile's after the loop.
     // The pending dQ is a copy: ptxas cannot tell across the loop's back edge that the dQ
     // product's registers are complete, and waited for every wgmma in flight before reading them.
     float dq_pend[32] = {};
     int pend_t[kTileQueries], pend_g = -1;  // pend_g < 0: nothing pending
+    float pend_step0 = 0.f, pend_step1 = 0.f;  // kDet: the pending rows' grids
     auto stage_pending = [&]() {
         const int buf = (tile_it - 1) & 1;
+        if constexpr (kDet) {
+            // Rounded here, while the next tile's S^T is in flight, not on the tile's tail.
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dq_pend[i] = to_grid(dq_pend[i], (i & 2) ? pend_step1 : pend_step0);
+        }
         stage_dq(sm, dq_pend, buf, warp, lane, wg);
         if (issuer) bulk_wait_read_all();  // tile_it - 2's reductions have read the other buffer
         consumers_sync();
@@ -210,12 +213,10 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             // S^T and dP^T go out together; dV and dK after P and dS (computing P while dP^T is
             // in flight and dS while dV is measured 15% slower: docs/perf/attention-backward-sm90.md).
             float s[32], dp[32];
-            if constexpr (!kDet) {
-                // Defined inputs for S^T's first wgmma (it ignores them): left undefined, they
-                // may share registers with the pending dQ, and ptxas then waits for every wgmma.
+            // Defined inputs for S^T's first wgmma (it ignores them): left undefined, they may
+            // share registers with the pending dQ, and ptxas then waits for every wgmma.
 #pragma unroll
-                for (int i = 0; i < 32; ++i) s[i] = 0.f;
-            }
+            for (int i = 0; i < 32; ++i) s[i] = 0.f;
             const uint64_t kd = sw128_desc_uniform(k_addr + wg * 8192, 16, 1024);
             const uint64_t vd = sw128_desc_uniform(v_addr + wg * 8192, 16, 1024);
             const uint64_t qd = sw128_desc_uniform(q_addr, 16, 1024), dod = sw128_desc_uniform(do_addr, 16, 1024);
@@ -227,11 +228,9 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                                          ks > 0);
             }
             wgmma_commit();
-            if constexpr (!kDet) {
-                if (pend_g >= 0) {
-                    stage_pending();
-                    wgmma_fence();
-                }
+            if (pend_g >= 0) {
+                stage_pending();
+                wgmma_fence();
             }
 #pragma unroll
             for (int ks = 0; ks < 8; ++ks) {
@@ -241,11 +240,9 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
             wgmma_commit();
             const TileInfo info = sm.info[st];
-            // Default mode: P^T is computed while dP^T is still in flight (+1.2%; the
-            // deterministic mode measured 3.5% slower so, run 47, and waits for both).
-            wgmma_wait<kDet ? 0 : 1>();
+            // P^T is computed while dP^T is still in flight (+1.2%, run 47).
+            wgmma_wait<1>();
             fence_regs(s);
-            if constexpr (kDet) fence_regs(dp);
 
             // P^T in place; column 8i + c + e is head (8i + c + e) % 16 of query slot i / 2.
 #pragma unroll
@@ -263,10 +260,8 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
             uint32_t pf[4][4], dsf[4][4];
             to_a_frags(s, pf);
-            if constexpr (!kDet) {
-                wgmma_wait<0>();
-                fence_regs(dp);
-            }
+            wgmma_wait<0>();
+            fence_regs(dp);
 
             // dS^T = scale P^T (dP^T - delta); zero where P is masked (select, never multiply: the
             // masked scores may be anything).
@@ -315,31 +310,29 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             fence_regs(dv);
             fence_regs(dk);
             fence_regs(dq);
+            float step0 = 0.f, step1 = 0.f;
+            if constexpr (kDet) {
+                step0 = sm.step[st][16 * warp + head];
+                step1 = sm.step[st][16 * warp + head + 8];
+            }
             mbar_release(&sm.q_empty[st]);
 
             // Stage dQ (4 chunks in fragment order, attention/dq_fragments.cuh: warp w holds query
-            // slot w) into buffer tile_it % 2 and reduce it per query. Default mode: the issuer
-            // thread, during the next tile (stage_pending); buffer b's last reductions (tile_it -
-            // 2) finished reading it before the issuer passed tile_it - 1's "staged" barrier, and
-            // that barrier (after each warpgroup's dQ wait) also orders this tile's dS^T writes
-            // after both warpgroups' previous dQ products. kDet: a writer warp in the order of its
-            // semaphores, after a barrier that orders the next tile's dS^T writes. (Per-warpgroup
-            // staging and reductions with dS^T double-buffered, so that the warpgroups meet once
-            // per tile, measured 6% slower: docs/perf.)
-            if constexpr (kDet) {
-                const int buf = tile_it & 1;
-                mbar_wait(&sm.dq_empty[buf], ((tile_it >> 1) & 1) ^ 1);  // tile_it - 2 reduced
-                consumers_sync();
-                stage_dq(sm, dq, buf, warp, lane, wg);
-                mbar_release(&sm.dq_full[buf]);
-            } else {
+            // slot w) into buffer tile_it % 2 and reduce it per query: the issuer thread, during
+            // the next tile (stage_pending). Buffer b's last reductions (tile_it - 2) finished
+            // reading it before the issuer passed tile_it - 1's "staged" barrier, and that barrier
+            // (after each warpgroup's dQ wait) also orders this tile's dS^T writes after both
+            // warpgroups' previous dQ products. kDet: each value rounded to its row's grid there.
+            // (Per-warpgroup staging and reductions with dS^T double-buffered, so that the
+            // warpgroups meet once per tile, measured 6% slower: docs/perf.)
 #pragma unroll
-                for (int i = 0; i < 32; ++i) dq_pend[i] = dq[i];
-                fence_regs(dq_pend);
+            for (int i = 0; i < 32; ++i) dq_pend[i] = dq[i];
+            fence_regs(dq_pend);
+            pend_step0 = step0;
+            pend_step1 = step1;
 #pragma unroll
-                for (int slot = 0; slot < kTileQueries; ++slot) pend_t[slot] = info.t[slot];
-                pend_g = g;
-            }
+            for (int slot = 0; slot < kTileQueries; ++slot) pend_t[slot] = info.t[slot];
+            pend_g = g;
         }
         mbar_release(&sm.kv_empty);
 
@@ -350,11 +343,6 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             if (slot >= 0) {
                 // The split row's items add in rank order: rank 0 stores, the others add to what
                 // the lower ranks left (read from L2: this SM's L1 may hold an older copy).
-                // First the writers finish this item's dQ tiles: CTAs waiting on them may be
-                // what the wait below waits on.
-                const int last = tile_it - 1;  // each writer reduces in order: the last two tiles
-                mbar_wait(&sm.dq_empty[last & 1], (last >> 1) & 1);
-                if (last >= 1) mbar_wait(&sm.dq_empty[(last - 1) & 1], ((last - 1) >> 1) & 1);
                 const int rank = p.dkv_rank[it];
                 int32_t* sem = p.dkv_sem + slot;
                 if (issuer) {
@@ -362,24 +350,30 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                     fence_acq_rel_gpu();
                 }
                 consumers_sync();
+                // Eight loads in flight per batch: a load after a store to the slot would wait
+                // for an L2 round trip per element (32 per thread, ~11 us an item, run 53).
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int key = key0 + 8 * r;
                     if (key >= bk.count) continue;
-                    float* acc = p.dkv_acc + ((static_cast<int64_t>(slot) * 2 * kBlock) + key) * kHeadDim + c;
+                    float2* acc = reinterpret_cast<float2*>(p.dkv_acc + ((static_cast<int64_t>(slot) * 2 * kBlock) + key) * kHeadDim + c);
 #pragma unroll
-                    for (int i = 0; i < 16; ++i) {
-                        float2* pk = reinterpret_cast<float2*>(acc + 8 * i);
-                        float2* pv = reinterpret_cast<float2*>(acc + kBlock * kHeadDim + 8 * i);
-                        float2 a = make_float2(dk[4 * i + 2 * r], dk[4 * i + 2 * r + 1]);
-                        float2 b = make_float2(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
-                        if (rank > 0) {
-                            const float2 a0 = __ldcg(pk), b0 = __ldcg(pv);
-                            a = make_float2(a0.x + a.x, a0.y + a.y);
-                            b = make_float2(b0.x + b.x, b0.y + b.y);
+                    for (int i0 = 0; i0 < 16; i0 += 4) {
+                        float2 a0[4], b0[4];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            a0[i] = b0[i] = make_float2(0.f, 0.f);
+                            if (rank > 0) {
+                                a0[i] = __ldcg(acc + 4 * (i0 + i));
+                                b0[i] = __ldcg(acc + kBlock * kHeadDim / 2 + 4 * (i0 + i));
+                            }
                         }
-                        *pk = a;
-                        *pv = b;
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const int x = 4 * (i0 + i) + 2 * r;
+                            acc[4 * (i0 + i)] = make_float2(a0[i].x + dk[x], a0[i].y + dk[x + 1]);
+                            acc[kBlock * kHeadDim / 2 + 4 * (i0 + i)] = make_float2(b0[i].x + dv[x], b0[i].y + dv[x + 1]);
+                        }
                     }
                 }
                 consumers_sync();  // every thread's stores precede the release
@@ -412,16 +406,12 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             }
         }
     }
-    if constexpr (!kDet) {
-        if (pend_g >= 0) stage_pending();  // the last tile's (tile_it - 1)
-    }
+    if (pend_g >= 0) stage_pending();  // the last tile's (tile_it - 1)
     if (issuer) bulk_wait_all();
 }
 
 // Lane `lane` < 4 of the tile at CSR entry e of an item of group g ending at `end`: its query t
-// (-1: none) and the keys of the block it sees, nv. kDet keeps a query that sees no key (all of
-// it masked, adding zeros): its turn in the dQ order must still pass.
-template <bool kDet>
+// (-1: none, or it sees no key of the block) and the keys of the block it sees, nv.
 __device__ __forceinline__ void tile_entry(const Params& p, int g, int e, int end, int keys, int lane, int& t,
                                            int& nv) {
     const int64_t at = g * static_cast<int64_t>(p.varlen.total_q) * kTopK + e + lane;
@@ -430,56 +420,11 @@ __device__ __forceinline__ void tile_entry(const Params& p, int g, int e, int en
     if (lane < kTileQueries && e + lane < end) {
         t = p.phys_q_indices[at];
         nv = min(p.phys_valid[at] & 0xff, keys);
-        if (t < 0 || t >= p.varlen.total_q || (!kDet && nv <= 0)) t = -1, nv = 0;
-        nv = max(nv, 0);
+        if (t < 0 || t >= p.varlen.total_q || nv <= 0) t = -1, nv = 0;
     }
 }
 
-// kDet: warps 1 and 2 of the producer warpgroup reduce the staged dQ tiles, writer w those staged
-// in buffer w (even / odd tiles), lane s the query of slot s: it waits until the query's counter
-// reaches the entry's rank (backward_order.cuh), adds, waits for the add to complete and be
-// visible, and moves the counter on; then frees the staging. Two writers keep two tiles' turn
-// and add round trips in flight. Each writer takes its tiles in program order and waits only for
-// smaller keys, so the order's deadlock argument holds as for one writer.
-__device__ __forceinline__ void dq_writer(Smem<true>& sm, const Params& p, int w) {
-    const int lane = threadIdx.x & 31;
-    const int n_items = p.counts[0];
-    int tile_it = 0;
-    for (int it = blockIdx.x; it < n_items; it += gridDim.x) {
-        const int4 item = p.items[it];
-        const int g = item.x;
-        for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
-            if ((tile_it & 1) != w) continue;
-            int t, nv;
-            tile_entry<true>(p, g, e, item.w, kBlock, lane, t, nv);
-            int32_t* sem = nullptr;
-            int rank = 0, seen = 0;
-            if (t >= 0) {
-                sem = p.dq_sem + g * static_cast<int64_t>(p.varlen.total_q) + t;
-                rank = p.dq_rank[g * static_cast<int64_t>(p.varlen.total_q) * kTopK + e + lane];
-                seen = ld_relaxed_gpu(sem);  // in flight while the tile is computed
-            }
-            const int buf = tile_it & 1;
-            mbar_wait(&sm.dq_full[buf], (tile_it >> 1) & 1);
-            if (t >= 0) {
-                spin_at_least(sem, seen, rank);
-                fence_acq_rel_gpu();
-                fence_proxy_async_global();
-                bulk_reduce_add_f32(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk,
-                                    &sm.dq[buf][lane * kDqChunk], kDqChunk * 4);
-                bulk_commit();
-                bulk_wait_all();
-                fence_proxy_async_global();
-                fence_acq_rel_gpu();
-                st_relaxed_gpu(sem, rank + 1);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&sm.dq_empty[buf]);
-        }
-    }
-}
-
-// The producer warpgroup's spare warps (2 and 3; kDet: 3), warp w of nw: zeros into dK, dV of every
+// The producer warpgroup's spare warps (2 and 3), warp w of nw: zeros into dK, dV of every
 // (group, block) row with no CSR entry, rows strided over the grid's nw x gridDim.x warps; a warp
 // stores two key rows (2 x 256 bytes of one group's 128 columns) per instruction.
 __device__ __forceinline__ void zero_unselected(const Params& p, int w, int nw) {
@@ -521,7 +466,7 @@ __device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const 
         for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
             const int st = tile_it % kStages;
             int t, nv;
-            tile_entry<kDet>(p, g, e, item.w, bk.count, lane, t, nv);
+            tile_entry(p, g, e, item.w, bk.count, lane, t, nv);
             TileInfo info;
 #pragma unroll
             for (int s = 0; s < kTileQueries; ++s) {
@@ -534,7 +479,8 @@ __device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const 
                 int valid = 0;
 #pragma unroll
                 for (int s = 0; s < kTileQueries; ++s) valid += info.t[s] >= 0;
-                mbar_arrive_expect_tx(&sm.q_full[st], 2 * kQBytes + valid * 2 * kHeadsPerGroup * 4);
+                constexpr int kRowFloats = kDet ? 3 : 2;  // lse, delta (kDet: the dQ grid)
+                mbar_arrive_expect_tx(&sm.q_full[st], 2 * kQBytes + valid * kRowFloats * kHeadsPerGroup * 4);
 #pragma unroll
                 for (int s = 0; s < kTileQueries; ++s) {
                     // An empty slot loads the rows past T: zeros, so 0 * dO stays 0 in dV.
@@ -550,6 +496,9 @@ __device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const 
                         bulk_load(&sm.lse[st][s * kHeadsPerGroup], p.lse + row, kHeadsPerGroup * 4, &sm.q_full[st]);
                         bulk_load(&sm.delta[st][s * kHeadsPerGroup], p.delta + row, kHeadsPerGroup * 4,
                                   &sm.q_full[st]);
+                        if constexpr (kDet)
+                            bulk_load(&sm.step[st][s * kHeadsPerGroup], p.dq_step + row, kHeadsPerGroup * 4,
+                                      &sm.q_full[st]);
                     }
                 }
             }
@@ -581,43 +530,35 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_init(&sm.q_full[s], 1);
             mbar_init(&sm.q_empty[s], kConsumerThreads);
         }
-        for (int b = 0; b < Smem<kDet>::kDqBuffers; ++b) {
-            mbar_init(&sm.dq_full[b], kConsumerThreads);
-            mbar_init(&sm.dq_empty[b], 1);
-        }
         mbar_fence_init();
     }
     __syncthreads();
     if (warp < 4) {
-        constexpr int kZeroWarp = kDet ? 3 : 2;  // the first after the producer (and the writers)
-        regs_dealloc<kProducerRegs<kDet>>();
+        regs_dealloc<kProducerRegs>();
         if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
-        if constexpr (kDet)
-            if (warp == 1 || warp == 2) dq_writer(sm, p, warp - 1);
-        if (warp >= kZeroWarp) zero_unselected(p, warp - kZeroWarp, 4 - kZeroWarp);
+        if (warp >= 2) zero_unselected(p, warp - 2, 2);
     } else {
-        regs_alloc<kConsumerRegs<kDet>>();
+        regs_alloc<kConsumerRegs>();
         consumer<kDet>(sm, p, warp / 4 - 1);
     }
 #endif
 }
 
-// Per (physical block, group): a row split over items casts its dkv_acc slot to bf16; a row owned
-// by one item was written by it; an empty row (nobody selected the block) was zeroed by the main
-// kernel, or is zeroed here when `zero_empty` (the main kernel did not run: no query).
-// Grid (P, 4), 128 threads: 16 threads per key row (16 bytes of dK and dV each), 8 rows a pass.
-__global__ void __launch_bounds__(kBlock)
-    backward_dkv_finish_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
-                               const float* __restrict__ dkv_acc, const MsaVarlen varlen, bool zero_empty,
-                               uint16_t* __restrict__ dk, uint16_t* __restrict__ dv) {
-    const int pb = blockIdx.x, g = blockIdx.y;
+// Per (physical block pb, group g): a row split over items casts its dkv_acc slot to bf16; a row
+// owned by one item was written by it; an empty row (nobody selected the block) was zeroed by the
+// main kernel, or is zeroed here when `zero_empty` (the main kernel did not run: no query).
+// 128 threads (t = 0..127): 16 threads per key row (16 bytes of dK and dV each), 8 rows a pass.
+__device__ __forceinline__ void finish_dkv_row(const int32_t* __restrict__ phys_row_ptr,
+                                               const int32_t* __restrict__ split_slot, const float* __restrict__ dkv_acc,
+                                               const MsaVarlen& varlen, bool zero_empty, uint16_t* __restrict__ dk,
+                                               uint16_t* __restrict__ dv, int pb, int g, int t) {
     const BlockKeys bk = block_keys(varlen, pb);
     const int32_t* row_ptr = phys_row_ptr + static_cast<int64_t>(g) * (varlen.padded_kv_blocks + 1);
     const bool empty = row_ptr[pb + 1] == row_ptr[pb];
     const int slot = split_slot[g * varlen.padded_kv_blocks + pb];
     if (empty ? !zero_empty : slot < 0) return;
-    const int d = 8 * (threadIdx.x & 15);
-    for (int key = threadIdx.x >> 4; key < bk.count; key += kBlock / 16) {
+    const int d = 8 * (t & 15);
+    for (int key = t >> 4; key < bk.count; key += kBlock / 16) {
         uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
         if (!empty) {
             const float* acc = dkv_acc + (static_cast<int64_t>(slot) * 2 * kBlock + key) * kHeadDim + d;
@@ -633,6 +574,29 @@ __global__ void __launch_bounds__(kBlock)
         *reinterpret_cast<uint4*>(dk + out) = kw;
         *reinterpret_cast<uint4*>(dv + out) = vw;
     }
+}
+
+// What follows the main kernel, in one launch (the two parts are independent, so the many
+// (block, group) CTAs that exit at once no longer cost a launch and a pass of their own): the
+// first finish_ctas CTAs finish dK/dV, two (block, group) rows each, (pb, g) = (r % P, r / P) for
+// row r; the rest cast dQ (dq_fragments.cuh). kCastThreads = 2 x 128 threads.
+static_assert(kCastThreads == 2 * kBlock, "a finish CTA is two rows of 128 threads");
+inline unsigned finish_ctas(int padded_kv_blocks) { return static_cast<unsigned>(kGroups * padded_kv_blocks + 1) / 2; }
+
+__global__ void __launch_bounds__(kCastThreads)
+    backward_epilogue_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
+                             const float* __restrict__ dkv_acc, const MsaVarlen varlen, bool zero_empty,
+                             uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, unsigned n_finish,
+                             const float* __restrict__ dq_accum, uint16_t* __restrict__ dq) {
+    if (blockIdx.x >= n_finish) {
+        cast_dq_chunks(dq_accum, dq, static_cast<int64_t>(blockIdx.x - n_finish));
+        return;
+    }
+    const int P = varlen.padded_kv_blocks;
+    const int r = 2 * static_cast<int>(blockIdx.x) + static_cast<int>(threadIdx.x / kBlock);
+    if (r < kGroups * P)
+        finish_dkv_row(phys_row_ptr, split_slot, dkv_acc, varlen, zero_empty, dk, dv, r % P, r / P,
+                       static_cast<int>(threadIdx.x % kBlock));
 }
 
 // Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
@@ -654,8 +618,9 @@ inline bool backward_launches(int capacity, int total_q) { return capacity > 0 &
 
 // Encodes the maps and launches backward_grid persistent CTAs (the item count is read on the
 // device). dq_accum accumulates and so does dkv_acc unless kDet (zero them first); delta =
-// rowsum(dout * out). kDet: the order tables of backward_order.cuh built for this grid, the
-// semaphores zeroed. Run backward_dkv_finish_kernel after it.
+// rowsum(dout * out). kDet: the dQ grid of backward_det_grid.cuh, the dK/dV order of
+// backward_order.cuh built for this grid, its semaphores zeroed. Run backward_epilogue_kernel
+// after it.
 template <bool kDet>
 inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                                    const Params& p, int capacity, int sms, cudaStream_t stream) {

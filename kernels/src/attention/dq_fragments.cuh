@@ -37,11 +37,11 @@ static_assert(kGroups % kCastChunks == 0, "a CTA's chunks are whole: the grid is
 
 // dq [T, 64, 128] bf16 (round to nearest even) from the fragment-order accumulator; a CTA per two
 // chunks: coalesced float4 loads (one accumulator quad = two bf16 pairs of heads hh and hh + 8),
-// transposed through shared memory, coalesced 16-byte stores. Grid: 4T / kCastChunks.
-__global__ void __launch_bounds__(kCastThreads)
-    dq_fragment_cast_kernel(const float* __restrict__ accum, uint16_t* __restrict__ dq) {
+// transposed through shared memory, coalesced 16-byte stores. CTA `cta` of 4T / kCastChunks, by
+// kCastThreads threads (backward_epilogue_kernel).
+__device__ __forceinline__ void cast_dq_chunks(const float* __restrict__ accum, uint16_t* __restrict__ dq, int64_t cta) {
     __shared__ __align__(16) uint32_t rows[kCastChunks * kHeadsPerGroup * kCastRowWords];
-    const int64_t chunk0 = static_cast<int64_t>(blockIdx.x) * kCastChunks;
+    const int64_t chunk0 = cta * kCastChunks;
     const float4* src = reinterpret_cast<const float4*>(accum + chunk0 * kDqChunk);
     constexpr int kQuads = kCastChunks * kDqChunk / 4;
 #pragma unroll
@@ -62,12 +62,8 @@ __global__ void __launch_bounds__(kCastThreads)
     }
 }
 
-// dq from the accumulator of total_q queries (nothing to launch for none).
-inline cudaError_t launch_dq_cast(const float* accum, uint16_t* dq, int total_q, cudaStream_t stream) {
-    if (total_q <= 0) return cudaSuccess;
-    return launch(dq_fragment_cast_kernel, dim3(static_cast<unsigned>(total_q) * kGroups / kCastChunks),
-                  dim3(kCastThreads), stream, accum, dq);
-}
+// CTAs of the cast for total_q queries.
+inline unsigned dq_cast_ctas(int total_q) { return total_q > 0 ? static_cast<unsigned>(total_q) * kGroups / kCastChunks : 0; }
 
 }  // namespace
 

@@ -35,58 +35,65 @@ struct ScatterArgs {
 // phys_row_ptr[h, pb] + #{edges of the block from the document's earlier fragments} + the same
 // count: both rows list queries in ascending packed order, and the count is the column's bits
 // between the fragment's first query and q. The bitmap holds each (query, block) once, so a
-// duplicate entry is one edge (msa_plan::csr), written by its first slot.
+// duplicate entry is one edge (msa_plan::csr). The row is walked in ascending block order
+// (SortedRow), where an edge's writer rank is its position. This kernel is bound by the query
+// part's instructions (straight-line, 11.6 warps per SM: docs/perf/schedule.md), so the head's
+// tables are offset once and each slot indexes them with 32-bit offsets.
 __device__ __forceinline__ void scatter_query(const MsaVarlen& v, const Bitmap& bm, const ScatterArgs& a,
                                               const QueryThread& t) {
     if (!t.live) return;
-    const int R = v.total_rows;
-    const int P = v.padded_kv_blocks;
-    const size_t head_edges = static_cast<size_t>(t.head) * v.total_q * kTopK;
     const int b = v.query_fragment[t.q];
     const Frag f = fragment(v, b);
-    TopkRow row;
+    SortedRow row;
     row.load(a.topk + (static_cast<size_t>(t.head) * v.total_q + t.q) * kTopK, f.num_blocks);
     const int q_local = t.q - f.q_start;
     const int pos = f.k_len - f.q_len + q_local;
     const int* rows = a.row_map + a.row_offsets[b];
-    const unsigned edges = row.edges();
-    // Loads in two independent rounds (each slot's row and bitmap prefix, then the row's
+    const size_t hR = static_cast<size_t>(t.head) * v.total_rows;
+    const int* row_ptr = a.row_ptr + hR + t.head;  // [h, R + 1]
+    const int* row_first = a.row_first + hR;
+    const int* phys_shift = a.phys_shift + hR;
+    const int* phys_row_ptr = a.phys_row_ptr + static_cast<size_t>(t.head) * (v.padded_kv_blocks + 1) + f.phys_base;
+    const int* prefix = bm.prefix + bm.column(t.head, 0) + t.q / kTileQueries;
+    const unsigned* words = bm.words + bm.column(t.head, 0) + t.q / kTileQueries;
+    const unsigned below = (1u << (t.q % kTileQueries)) - 1u;
+    // Loads in two independent rounds (each edge's row and bitmap prefix, then the row's
     // offsets), then all stores: the outputs may alias the tables as far as the compiler knows,
     // so a store between them kept each slot's dependent loads behind the previous slot's
-    // stores, 16 round trips in a row. level < bm.levels fails only with an inconsistent
-    // max_blocks.
+    // stores, 16 round trips in a row.
     unsigned live = 0u;
     int r[kTopK] = {}, before[kTopK] = {};
 #pragma unroll
-    for (int s = 0; s < kTopK; ++s) {
-        const int level = row.value[s];
-        if (!((edges >> s) & 1u) || level >= bm.levels) continue;
-        live |= 1u << s;
-        r[s] = rows[level];
-        before[s] = bm.before(bm.column(t.head, level), t.q);
+    for (int k = 0; k < kTopK; ++k) {
+        if (!row.edge(k, bm.levels)) continue;
+        live |= 1u << k;
+        r[k] = rows[row.key[k]];
+        const size_t at = static_cast<size_t>(row.key[k]) * static_cast<unsigned>(bm.stride);
+        before[k] = prefix[at] + __popc(words[at] & below);
     }
-    int k2q_off[kTopK] = {}, phys_off[kTopK] = {};
+    unsigned k2q_off[kTopK] = {}, phys_off[kTopK] = {};
 #pragma unroll
-    for (int s = 0; s < kTopK; ++s) {
-        if (!((live >> s) & 1u)) continue;
-        const size_t hr = static_cast<size_t>(t.head) * R + r[s];
-        k2q_off[s] = a.row_ptr[static_cast<size_t>(t.head) * (R + 1) + r[s]] + before[s] - a.row_first[hr];
-        phys_off[s] = a.phys_row_ptr[static_cast<size_t>(t.head) * (P + 1) + f.phys_base + row.value[s]] +
-                      before[s] + a.phys_shift[hr];
+    for (int k = 0; k < kTopK; ++k) {
+        if (!((live >> k) & 1u)) continue;
+        const unsigned rk = static_cast<unsigned>(r[k]);
+        k2q_off[k] = static_cast<unsigned>(row_ptr[rk] + before[k] - row_first[rk]);
+        phys_off[k] = static_cast<unsigned>(phys_row_ptr[row.key[k]] + before[k] + phys_shift[rk]);
     }
+    const size_t head_edges = static_cast<size_t>(t.head) * v.total_q * kTopK;
+    int* q_indices = a.q_indices + head_edges;
+    int* qsplit = a.qsplit + head_edges;
+    int* phys_q_indices = a.phys_q_indices + head_edges;
+    int* phys_valid = a.phys_valid + head_edges;
 #pragma unroll
-    for (int s = 0; s < kTopK; ++s) {
-        if (!((live >> s) & 1u)) continue;
-        const int level = row.value[s];
-        const int rank = row.rank(s);
-        const size_t k2q_at = head_edges + k2q_off[s];
-        a.q_indices[k2q_at] = q_local;
-        a.qsplit[k2q_at] = q_local | (rank << kQsplitRankShift);
-        const int block_keys = min(f.k_len - level * kBlock, kBlock);
-        const int visible = min(block_keys, max(0, pos + 1 - level * kBlock));
-        const size_t phys_at = head_edges + phys_off[s];
-        a.phys_q_indices[phys_at] = t.q;
-        a.phys_valid[phys_at] = visible | (rank << kPhysRankShift);
+    for (int k = 0; k < kTopK; ++k) {
+        if (!((live >> k) & 1u)) continue;
+        const int first_key = static_cast<int>(row.key[k]) * kBlock;
+        q_indices[k2q_off[k]] = q_local;
+        qsplit[k2q_off[k]] = q_local | (k << kQsplitRankShift);
+        const int block_keys = min(f.k_len - first_key, kBlock);
+        const int visible = min(block_keys, max(0, pos + 1 - first_key));
+        phys_q_indices[phys_off[k]] = t.q;
+        phys_valid[phys_off[k]] = visible | (k << kPhysRankShift);
     }
 }
 

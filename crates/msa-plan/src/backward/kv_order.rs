@@ -2,13 +2,13 @@
 //! (kernels/src/attention/backward_order.cuh, whose comment gives the argument): the item at list
 //! position `I` of [`super::kv_items`] runs on CTA `I % G` of `G` persistent CTAs, starting at the estimated
 //! tile time `start(I)` (the tiles of the CTA's earlier items plus [`ITEM_OVERHEAD_TILES`] each).
-//! Each dQ tile (query, group) adds its contributions, and each split row's dK/dV slot its items'
-//! partials, in ascending order of the event keys (half-tile time, CTA); the ranks here are what
-//! the device order build writes (`backward_order_*_kernel`), for the entries with a valid query.
+//! Each split row's dK/dV slot adds its items' partials in ascending order of their keys
+//! (half-tile time, CTA); the ranks here are what the device order build writes
+//! (`backward_order_*_kernel`). dQ needs no order: its contributions add exactly
+//! ([`super::det_grid`]).
 
 use super::kv_items::{item_tiles, KvItems, KV_ITEM_QUERIES};
 use crate::csr::PhysicalCsr;
-use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
 /// Estimated cost of an item beyond its tiles (K/V load, dK/dV store), in tile times (abi.h
 /// `MSA_ITEM_OVERHEAD_TILES`).
@@ -34,9 +34,6 @@ pub struct KvOrder {
     pub item_start: Vec<i32>,
     /// `[count]`: rank of each item's dK/dV addition among its row's items (0 for unsplit rows).
     pub dkv_rank: Vec<i32>,
-    /// `[4, T·16]`: rank of each CSR entry's dQ reduction among its (group, query)'s; 0 for
-    /// entries without a valid query (the device leaves those unwritten).
-    pub dq_rank: Vec<u8>,
 }
 
 fn item(items: &KvItems, i: usize) -> [usize; 4] {
@@ -49,12 +46,6 @@ fn tiles(it: [usize; 4]) -> usize {
 }
 
 impl KvOrder {
-    /// Key of the dQ reduction of tile `tile` of item `i`.
-    pub fn dq_key(&self, i: usize, tile: usize) -> u64 {
-        let half = 2 * (self.item_start[i] as u64 + tile as u64);
-        order_key(half, i % self.grid, self.grid)
-    }
-
     /// Key of the dK/dV addition of item `i` (after its last tile, before its CTA's next item).
     pub fn dkv_key(&self, items: &KvItems, i: usize) -> u64 {
         let half = 2 * (self.item_start[i] as u64 + tiles(item(items, i)) as u64) - 1;
@@ -71,7 +62,6 @@ pub fn build_kv_order(csr: &PhysicalCsr, items: &KvItems) -> KvOrder {
         grid,
         item_start: vec![0; n],
         dkv_rank: vec![0; n],
-        dq_rank: vec![0; NUM_KV_HEADS * csr.edge_capacity()],
     };
     for c in 0..grid.min(n) {
         let mut acc = 0usize;
@@ -92,26 +82,6 @@ pub fn build_kv_order(csr: &PhysicalCsr, items: &KvItems) -> KvOrder {
             .filter(|&o| o != i && order.dkv_key(items, o) < mine)
             .count() as i32;
     }
-    // dQ: the keys of each (group, query)'s contributions, then each entry's rank among them.
-    let t = csr.total_q;
-    let per = csr.edge_capacity();
-    let mut keys: Vec<Vec<u64>> = vec![Vec::new(); NUM_KV_HEADS * t];
-    let mut entries = Vec::new();
-    for i in 0..n {
-        let [g, _, first, end] = item(items, i);
-        for e in first..end {
-            let q = csr.q_indices[g * per + e];
-            if q >= 0 && (q as usize) < t {
-                let key = order.dq_key(i, (e - first) / TILE_QUERIES);
-                keys[g * t + q as usize].push(key);
-                entries.push((g * per + e, g * t + q as usize, key));
-            }
-        }
-    }
-    for (at, tg, key) in entries {
-        order.dq_rank[at] = keys[tg].iter().filter(|&&k| k < key).count() as u8;
-    }
-    debug_assert!(keys.iter().all(|k| k.len() <= TOPK_BLOCKS));
     order
 }
 
@@ -122,6 +92,7 @@ mod tests {
     use crate::csr::build_physical_csr;
     use crate::layout::VarlenLayout;
     use crate::testing::recent_topk;
+    use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
     /// Random selections (own block + up to 15 distinct earlier ones), seeded.
     fn random_topk(layout: &VarlenLayout, seed: u64) -> Vec<i32> {
@@ -166,62 +137,37 @@ mod tests {
         vec![(l.clone(), r), (l, x)]
     }
 
-    /// One event of a CTA's program: a dQ reduction (group·T + query, rank) or a dK/dV addition
-    /// (row, rank), in the kernel's order.
-    #[derive(Clone, Copy)]
-    enum Event {
-        Dq(usize, u8),
-        Dkv(usize, i32),
-    }
-
-    fn programs(csr: &PhysicalCsr, items: &KvItems, o: &KvOrder) -> Vec<Vec<(u64, Event)>> {
-        let (t, per) = (csr.total_q, csr.edge_capacity());
+    /// A CTA's program: its dK/dV additions (key, row, rank), in the kernel's order.
+    fn programs(csr: &PhysicalCsr, items: &KvItems, o: &KvOrder) -> Vec<Vec<(u64, usize, i32)>> {
         let mut progs = vec![Vec::new(); o.grid];
         for i in 0..items.count {
-            let [g, block, first, end] = item(items, i);
-            let p = &mut progs[i % o.grid];
-            for e in first..end {
-                let q = csr.q_indices[g * per + e];
-                if q >= 0 {
-                    let ev = Event::Dq(g * t + q as usize, o.dq_rank[g * per + e]);
-                    p.push((o.dq_key(i, (e - first) / TILE_QUERIES), ev));
-                }
-            }
+            let [g, block, _, _] = item(items, i);
             let row = g * csr.blocks + block;
             if items.split_slot[row] >= 0 {
-                p.push((o.dkv_key(items, i), Event::Dkv(row, o.dkv_rank[i])));
+                progs[i % o.grid].push((o.dkv_key(items, i), row, o.dkv_rank[i]));
             }
         }
         progs
     }
 
     #[test]
-    fn ranks_number_each_tile_and_row_in_key_order() {
+    fn ranks_number_each_row_in_key_order() {
         for (layout, topk) in layouts() {
             let csr = build_physical_csr(&layout, &topk).unwrap();
             for sms in [1, 7, 132] {
                 let grid = backward_grid(kv_item_capacity(csr.blocks, csr.total_q), sms);
                 let items = build_kv_items(&csr, grid);
                 let o = build_kv_order(&csr, &items);
-                let mut dq: Vec<Vec<(u8, u64)>> = vec![Vec::new(); NUM_KV_HEADS * csr.total_q];
                 let mut dkv: Vec<Vec<(i32, u64)>> = vec![Vec::new(); NUM_KV_HEADS * csr.blocks];
                 for p in programs(&csr, &items, &o) {
-                    // A CTA's events have non-decreasing keys in program order (the rows of one
-                    // tile share a key; their waits are on smaller keys only).
-                    assert!(p.windows(2).all(|w| w[0].0 <= w[1].0));
-                    for (key, ev) in p {
-                        match ev {
-                            Event::Dq(tg, r) => dq[tg].push((r, key)),
-                            Event::Dkv(row, r) => dkv[row].push((r, key)),
-                        }
+                    // A CTA's additions have increasing keys in program order (waits go to
+                    // smaller keys only).
+                    assert!(p.windows(2).all(|w| w[0].0 < w[1].0));
+                    for (key, row, r) in p {
+                        dkv[row].push((r, key));
                     }
                 }
                 // Ranks 0..n-1, ascending with the keys.
-                for list in dq.iter_mut() {
-                    list.sort();
-                    assert!(list.iter().enumerate().all(|(r, &(x, _))| x as usize == r));
-                    assert!(list.windows(2).all(|w| w[0].1 < w[1].1));
-                }
                 for list in dkv.iter_mut() {
                     list.sort();
                     assert!(list.iter().enumerate().all(|(r, &(x, _))| x as usize == r));
@@ -235,8 +181,8 @@ mod tests {
         }
     }
 
-    /// The persistent schedule cannot deadlock: G CTAs each run their program, an event waiting
-    /// until its tile's / row's counter reaches its rank; every step some CTA advances.
+    /// The persistent schedule cannot deadlock: G CTAs each run their program, an addition
+    /// waiting until its row's counter reaches its rank; every step some CTA advances.
     #[test]
     fn the_schedule_completes_under_the_semaphores() {
         for (layout, topk) in layouts() {
@@ -246,7 +192,6 @@ mod tests {
                 let items = build_kv_items(&csr, grid);
                 let o = build_kv_order(&csr, &items);
                 let progs = programs(&csr, &items, &o);
-                let mut dq_sem = vec![0u8; NUM_KV_HEADS * csr.total_q];
                 let mut dkv_sem = vec![0i32; NUM_KV_HEADS * csr.blocks];
                 let mut pc = vec![0usize; grid];
                 let total: usize = progs.iter().map(Vec::len).sum();
@@ -254,18 +199,11 @@ mod tests {
                 while done < total {
                     let mut moved = false;
                     for (c, p) in progs.iter().enumerate() {
-                        while let Some(&(_, ev)) = p.get(pc[c]) {
-                            let ready = match ev {
-                                Event::Dq(tg, r) => dq_sem[tg] == r,
-                                Event::Dkv(row, r) => dkv_sem[row] == r,
-                            };
-                            if !ready {
+                        while let Some(&(_, row, r)) = p.get(pc[c]) {
+                            if dkv_sem[row] != r {
                                 break;
                             }
-                            match ev {
-                                Event::Dq(tg, _) => dq_sem[tg] += 1,
-                                Event::Dkv(row, _) => dkv_sem[row] += 1,
-                            }
+                            dkv_sem[row] += 1;
                             pc[c] += 1;
                             done += 1;
                             moved = true;

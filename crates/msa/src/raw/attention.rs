@@ -225,9 +225,11 @@ pub unsafe fn backward(
                 s.backward_sm90_bytes
             };
             let ws = workspace.carve::<u8>(carve.sm90, bytes);
+            // The deterministic mode bounds each dQ row over its selected blocks.
             let params = sys::MsaAttnBwdParams {
                 workspace: ws.ptr().cast(),
                 workspace_bytes: ws.len(),
+                topk: meta.topk.ptr(),
                 ..csr
             };
             // SAFETY: lengths checked above, the sm_90a part of the workspace holds the bytes
