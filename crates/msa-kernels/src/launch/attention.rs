@@ -75,8 +75,10 @@ pub fn backward_sm90_det_workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize
     Ok(bytes)
 }
 
-/// [`backward_sm90`] in deterministic mode: every dQ row and every split dK/dV row accumulates
-/// in a fixed order (semaphores), so dQ, dK, dV are bitwise repeatable on one device; workspace
+/// [`backward_sm90`] in deterministic mode: every dQ contribution is rounded to its row's
+/// power-of-two grid so that the fp32 reduce-adds are exact in any order, and every split dK/dV
+/// row accumulates in a fixed order (semaphores), so dQ, dK, dV are bitwise repeatable on one
+/// device; `params.topk` must be set (the grid bounds each row over its selection); workspace
 /// [`backward_sm90_det_workspace_bytes`]. Compute capability 9.0 only (an error elsewhere).
 ///
 /// # Safety

@@ -50,9 +50,10 @@ pub enum BackwardPath {
     /// `msa_attn_backward_sm90`: KV-outer wgmma/TMA over prepare's physical CSR (compute
     /// capability 9.0 only). dQ is reduced in arrival order: not bitwise repeatable.
     Sm90,
-    /// `msa_attn_backward_sm90_det`: the same kernel with dQ rows and split dK/dV rows
-    /// accumulated in a fixed order (semaphores): bitwise repeatable on one device (compute
-    /// capability 9.0 only).
+    /// `msa_attn_backward_sm90_det`: the same kernel with each dQ contribution rounded to its
+    /// row's power-of-two grid (exact fp32 sums in any order) and split dK/dV rows accumulated
+    /// in a fixed order (semaphores): bitwise repeatable on one device (compute capability 9.0
+    /// only).
     Deterministic,
     /// The sm_80 backward: device task build, KV-parallel main kernel with fp32 atomics, bf16
     /// postprocess. Not bitwise repeatable.
