@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""L2 reuse of the sm_90a backward's query-side traffic under two run orders (a model, no GPU).
+
+The main kernel streams tiles of 4 queries x 16 heads through each item (a (group, block) row's
+chunk of <= 512 queries); every tile reads Q and dO of its 4 queries (4 KiB each per query) and
+reduce-adds their dQ (8 KiB per query): 16 KiB of query-side lines per query and tile. This
+models which of those accesses an LRU cache of a given size would hit: items run on 132 CTAs by
+static striding (item I on CTA I % 132, tiles + 2 tile-times each, as backward_order.cuh
+estimates), the accesses are ordered by time, and an access hits when fewer than
+capacity / 16 KiB distinct queries were touched since the same query's previous access (LRU
+stack distance). One group (the kernel runs the groups one after another).
+
+Orders: "block" (main: blocks ascending, queries ascending within a row) and "query" (items
+sorted by their first query: items whose query sets overlap run together).
+
+  python3 scripts/analysis/bwd_order_l2.py [--l2-mib 40]
+Layout: case 151 rank 15 of the development benchmark (one 181,248-key document; 6 fragments
+of 2,048 queries), the row where spread's main kernel is 29% slower than recent16's (run 54).
+"""
+import argparse
+
+CU_K = [0, 17408, 50176, 82944, 115712, 148480, 181248]
+Q_PER_FRAG = 2048
+ITEM, TILE, CTAS, OVERHEAD = 512, 4, 132, 2
+
+
+def positions():
+    return [p for k in CU_K[1:] for p in range(k - Q_PER_FRAG, k)]
+
+
+def selection(pattern, L):
+    n = min(16, L + 1)
+    if pattern == "recent16":
+        return list(range(L + 1 - n, L + 1))
+    if pattern == "spread":
+        return [k * L // (n - 1) for k in range(n - 1)] + [L] if n > 1 else [L]
+    raise ValueError(pattern)
+
+
+def items_of(pattern):
+    rows = {}
+    for q, p in enumerate(positions()):
+        for b in selection(pattern, int(p) // 128):
+            rows.setdefault(b, []).append(q)
+    items = []
+    for b in sorted(rows):
+        qs = rows[b]
+        for s in range(0, len(qs), ITEM):
+            items.append((b, qs[s:s + ITEM]))
+    return items
+
+
+def accesses(items):
+    start = [0] * CTAS
+    ev = []
+    for i, (_, qs) in enumerate(items):
+        c = i % CTAS
+        tiles = (len(qs) + TILE - 1) // TILE
+        for j in range(tiles):
+            for q in qs[TILE * j:TILE * j + TILE]:
+                ev.append((start[c] + j, c, q))
+        start[c] += tiles + OVERHEAD
+    ev.sort()
+    return [q for _, _, q in ev], max(start)
+
+
+def hit_rate(seq, capacity):
+    """Share of accesses whose LRU stack distance (distinct keys since the key's last access)
+    is below capacity; first touches miss."""
+    n = len(seq)
+    tree = [0] * (n + 1)
+
+    def add(i, v):
+        i += 1
+        while i <= n:
+            tree[i] += v
+            i += i & -i
+
+    def prefix(i):  # sum of [0, i)
+        s = 0
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+    last = {}
+    hits = 0
+    for t, q in enumerate(seq):
+        p = last.get(q)
+        if p is not None:
+            if prefix(t) - prefix(p + 1) < capacity:
+                hits += 1
+            add(p, -1)
+        add(t, 1)
+        last[q] = t
+    return hits / n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--l2-mib", type=float, default=40.0,
+                    help="L2 left for query-side lines (H200: 50 MiB, less K/V tiles in flight)")
+    a = ap.parse_args()
+    capacity = int(a.l2_mib * 1024 / 16)  # queries of 16 KiB
+    print(f"LRU capacity {capacity} queries ({a.l2_mib} MiB / 16 KiB)")
+    print("pattern   order  items  accesses  makespan(tiles)  hit rate")
+    for pattern in ["recent16", "spread"]:
+        items = items_of(pattern)
+        for order in ["block", "query"]:
+            its = items if order == "block" else sorted(items, key=lambda it: (it[1][0], it[0]))
+            seq, span = accesses(its)
+            print(f"{pattern:9} {order:6} {len(its):6} {len(seq):9} {span:12}  {hit_rate(seq, capacity):8.3f}")
+
+
+if __name__ == "__main__":
+    main()
