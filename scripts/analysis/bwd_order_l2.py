@@ -10,8 +10,10 @@ estimates), the accesses are ordered by time, and an access hits when fewer than
 capacity / 16 KiB distinct queries were touched since the same query's previous access (LRU
 stack distance). One group (the kernel runs the groups one after another).
 
-Orders: "block" (main: blocks ascending, queries ascending within a row) and "query" (items
-sorted by their first query: items whose query sets overlap run together).
+Orders (item ids are block-ascending, queries ascending within a row, as the item build makes
+them): "lpt" (main: common/lpt_order.cuh, tile counts descending with ties in id order, dealt
+to the CTAs in a snake), "lpt-query" (the same with ties by first query) and "query" (items
+sorted by their first query, no balancing: items whose query sets overlap run together).
 
   python3 scripts/analysis/bwd_order_l2.py [--l2-mib 40]
 Layout: case 151 rank 15 of the development benchmark (one 181,248-key document; 6 fragments
@@ -48,6 +50,26 @@ def items_of(pattern):
         for s in range(0, len(qs), ITEM):
             items.append((b, qs[s:s + ITEM]))
     return items
+
+
+def snake_position(j, n, grid):
+    r = j // grid
+    start = r * grid
+    c = j - start
+    m = min(grid, n - start)
+    return start + (m - 1 - c if r & 1 else c)
+
+
+def run_order(items, order):
+    tiles = lambda it: min((len(it[1]) + TILE - 1) // TILE, 128)
+    if order == "query":
+        return sorted(items, key=lambda it: (it[1][0], it[0]))
+    tie = (lambda i: i) if order == "lpt" else (lambda i: (items[i][1][0], i))
+    by_cost = sorted(range(len(items)), key=lambda i: (-tiles(items[i]), tie(i)))
+    out = [None] * len(items)
+    for j, i in enumerate(by_cost):
+        out[snake_position(j, len(items), CTAS)] = items[i]
+    return out
 
 
 def accesses(items):
@@ -103,13 +125,13 @@ def main():
     a = ap.parse_args()
     capacity = int(a.l2_mib * 1024 / 16)  # queries of 16 KiB
     print(f"LRU capacity {capacity} queries ({a.l2_mib} MiB / 16 KiB)")
-    print("pattern   order  items  accesses  makespan(tiles)  hit rate")
+    print("pattern   order      items  accesses  makespan(tiles)  hit rate")
     for pattern in ["recent16", "spread"]:
         items = items_of(pattern)
-        for order in ["block", "query"]:
-            its = items if order == "block" else sorted(items, key=lambda it: (it[1][0], it[0]))
+        for order in ["lpt", "lpt-query", "query"]:
+            its = run_order(items, order)
             seq, span = accesses(its)
-            print(f"{pattern:9} {order:6} {len(its):6} {len(seq):9} {span:12}  {hit_rate(seq, capacity):8.3f}")
+            print(f"{pattern:9} {order:10} {len(its):6} {len(seq):9} {span:12}  {hit_rate(seq, capacity):8.3f}")
 
 
 if __name__ == "__main__":
