@@ -149,6 +149,20 @@ fn bits(x: &[bf16]) -> Vec<u16> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
+/// A named pair of the same optional bf16 output from two runs.
+type OutputPair<'a> = (&'a str, &'a Option<Vec<bf16>>, &'a Option<Vec<bf16>>);
+
+/// A bitwise line per pair (both outputs present).
+fn push_bitwise(r: &mut CheckReport, pairs: &[OutputPair]) {
+    for &(name, x, y) in pairs {
+        r.push(compare::bitwise(
+            name,
+            &bits(x.as_ref().unwrap()),
+            &bits(y.as_ref().unwrap()),
+        ));
+    }
+}
+
 /// The deterministic backward (and the forward, indexer and KL, which have no atomics) give
 /// bitwise-equal results on repeat; the atomic backward agrees with it within tolerance, and on
 /// Hopper so does the sm_80 deterministic pair (the reference of the sm_90a deterministic mode).
@@ -190,20 +204,17 @@ fn deterministic_runs_are_bitwise_equal() {
                 .unwrap()
                 .outputs;
             let mut r = CheckReport::default();
-            for (name, x, y) in [
-                ("out", &a.out, &b.out),
-                ("dq", &a.dq, &b.dq),
-                ("dk", &a.dk, &b.dk),
-                ("dv", &a.dv, &b.dv),
-                ("dqi", &a.dqi, &b.dqi),
-                ("dki", &a.dki, &b.dki),
-            ] {
-                r.push(compare::bitwise(
-                    name,
-                    &bits(x.as_ref().unwrap()),
-                    &bits(y.as_ref().unwrap()),
-                ));
-            }
+            push_bitwise(
+                &mut r,
+                &[
+                    ("out", &a.out, &b.out),
+                    ("dq", &a.dq, &b.dq),
+                    ("dk", &a.dk, &b.dk),
+                    ("dv", &a.dv, &b.dv),
+                    ("dqi", &a.dqi, &b.dqi),
+                    ("dki", &a.dki, &b.dki),
+                ],
+            );
             let lse_bits = |x: &Option<Vec<f32>>| -> Vec<u16> {
                 x.as_ref()
                     .unwrap()
@@ -281,17 +292,14 @@ fn deterministic_backward_is_bitwise_on_every_bench_row() {
             let a = cuda.run(&p, &det).unwrap().outputs;
             let b = cuda.run(&p, &det).unwrap().outputs;
             let mut r = CheckReport::default();
-            for (name, x, y) in [
-                ("dq", &a.dq, &b.dq),
-                ("dk", &a.dk, &b.dk),
-                ("dv", &a.dv, &b.dv),
-            ] {
-                r.push(compare::bitwise(
-                    name,
-                    &bits(x.as_ref().unwrap()),
-                    &bits(y.as_ref().unwrap()),
-                ));
-            }
+            push_bitwise(
+                &mut r,
+                &[
+                    ("dq", &a.dq, &b.dq),
+                    ("dk", &a.dk, &b.dk),
+                    ("dv", &a.dv, &b.dv),
+                ],
+            );
             let name = format!("{}/r{}/{pattern}", row.case_id, row.rank);
             harness::record_soft("determinism_bench_rows", &name, &r, serde_json::json!({}));
             if !r.passed() {

@@ -20,6 +20,7 @@
 
 #include "msa/common.h"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
 #include "common/varlen.cuh"
 
 namespace msa::bwd90 {
@@ -52,9 +53,6 @@ namespace {  // internal linkage: each including translation unit launches its o
 
 constexpr int kBoundThreads = 128;
 
-__device__ __forceinline__ float bf16_lo_f(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
 // Per (physical block pb, group g) with a CSR entry: kv_bound[(g P + pb) * 2] = max |K| over the
 // block's keys and dims, + 1 = max |V_k|_2 (blocks nobody selected are never read: on a long
 // document most of the keys). Grid (P, 4); a half warp per key row (256 coalesced bytes each of
@@ -84,9 +82,9 @@ __global__ void __launch_bounds__(kBoundThreads)
         float vs = 0.f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            ka = fmaxf(ka, fmaxf(fabsf(bf16_lo_f(aw[j])), fabsf(bf16_hi_f(aw[j]))));
-            vs = fmaf(bf16_lo_f(bw[j]), bf16_lo_f(bw[j]), vs);
-            vs = fmaf(bf16_hi_f(bw[j]), bf16_hi_f(bw[j]), vs);
+            ka = fmaxf(ka, fmaxf(fabsf(bf16_lo(aw[j])), fabsf(bf16_hi(aw[j]))));
+            vs = fmaf(bf16_lo(bw[j]), bf16_lo(bw[j]), vs);
+            vs = fmaf(bf16_hi(bw[j]), bf16_hi(bw[j]), vs);
         }
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) vs += __shfl_xor_sync(0xffffffffu, vs, o, 16);
@@ -146,8 +144,8 @@ __global__ void __launch_bounds__(kStepThreads)
         const uint32_t ws[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            ss = fmaf(bf16_lo_f(ws[j]), bf16_lo_f(ws[j]), ss);
-            ss = fmaf(bf16_hi_f(ws[j]), bf16_hi_f(ws[j]), ss);
+            ss = fmaf(bf16_lo(ws[j]), bf16_lo(ws[j]), ss);
+            ss = fmaf(bf16_hi(ws[j]), bf16_hi(ws[j]), ss);
         }
     }
     ss += __shfl_xor_sync(0xffffffffu, ss, 1);

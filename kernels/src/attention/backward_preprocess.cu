@@ -8,6 +8,7 @@
 
 #include "msa/attention.h"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
 #include "common/launch.cuh"
 
 namespace msa {
@@ -19,8 +20,6 @@ constexpr int kLanesPerRow = kHeadDim / kVec;  // 16: one (t, h) row per half wa
 constexpr int kRowsPerCta = kThreads / kLanesPerRow;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 
 __global__ void __launch_bounds__(kThreads)
     attn_backward_preprocess_kernel(const uint16_t* __restrict__ out, const uint16_t* __restrict__ dout,

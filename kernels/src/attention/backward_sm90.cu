@@ -63,6 +63,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     const MsaVarlen& vl = a.varlen;
     const Workspace w = workspace_layout(vl, kDet);
     if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
+    if (kDet && a.topk == nullptr) return cudaErrorInvalidValue;  // the dQ grid's selection
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
     int4* items = reinterpret_cast<int4*>(base + w.items);
@@ -85,7 +86,6 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
         int32_t* dkv_rank = reinterpret_cast<int32_t*>(base + w.dkv_rank);
         float* kv_bound = reinterpret_cast<float*>(base + w.kv_bound);
         float* dq_step = reinterpret_cast<float*>(base + w.dq_step);
-        if (a.topk == nullptr) return cudaErrorInvalidValue;
         MSA_TRY(cudaMemsetAsync(base + w.dkv_sem, 0, w.item_start - w.dkv_sem, stream));
         MSA_TRY(launch(backward_order_start_kernel, dim3(1), dim3(kOrderThreads), stream,
                        static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid, item_start));

@@ -177,7 +177,8 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     const int head = lane >> 2;               // dQ rows head and head + 8 of query slot `warp`
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
-    // Tile j's dQ is staged and reduced during tile j + 1, while that tile's S^T is in flight (the tensor pipe idled through the staging); the last tile's after the loop.
+    // Tile j's dQ is staged and reduced during tile j + 1, while that tile's S^T is in flight
+    // (the tensor pipe idled through the staging); the last tile's after the loop.
     // The pending dQ is a copy: ptxas cannot tell across the loop's back edge that the dQ
     // product's registers are complete, and waited for every wgmma in flight before reading them.
     float dq_pend[32] = {};
@@ -310,10 +311,9 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
             fence_regs(dv);
             fence_regs(dk);
             fence_regs(dq);
-            float step0 = 0.f, step1 = 0.f;
-            if constexpr (kDet) {
-                step0 = sm.step[st][16 * warp + head];
-                step1 = sm.step[st][16 * warp + head + 8];
+            if constexpr (kDet) {  // the previous tile's were used by its staging, above
+                pend_step0 = sm.step[st][16 * warp + head];
+                pend_step1 = sm.step[st][16 * warp + head + 8];
             }
             mbar_release(&sm.q_empty[st]);
 
@@ -328,8 +328,6 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
 #pragma unroll
             for (int i = 0; i < 32; ++i) dq_pend[i] = dq[i];
             fence_regs(dq_pend);
-            pend_step0 = step0;
-            pend_step1 = step1;
 #pragma unroll
             for (int slot = 0; slot < kTileQueries; ++slot) pend_t[slot] = info.t[slot];
             pend_g = g;

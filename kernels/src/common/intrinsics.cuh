@@ -1,5 +1,5 @@
 // PTX wrappers every target has (sm_80 and later, so sm_90a too): shared-memory addresses, ex2,
-// bf16x2 packing, fp32 reductions and the shuffles over the 4 lanes of an accumulator row. The
+// bf16x2 packing and unpacking, fp32 reductions and the shuffles over the 4 lanes of an accumulator row. The
 // architecture-specific instruction families live in common/sm80/ (mma.sync, ldmatrix,
 // cp.async) and common/sm90/.
 #pragma once
@@ -26,6 +26,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+
+// The low and high bf16 of a packed pair, exactly, as floats.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 // Unordered fp32 accumulation of two consecutive floats (8-byte aligned) in global memory.
 __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {

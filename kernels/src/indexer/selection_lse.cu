@@ -34,8 +34,6 @@ __device__ __forceinline__ uint4 row_chunk(const uint16_t* row, int c, int part)
     return __ldg(reinterpret_cast<const uint4*>(row) + 4 * c + part);
 }
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 __device__ __forceinline__ float dot8(const float* q, uint4 k) {
     const uint32_t w[4] = {k.x, k.y, k.z, k.w};
