@@ -132,6 +132,37 @@ fn delta_matches_an_f64_reference_within_fp32_summation() {
         msa.backward_delta_into(&dl, &out_d, &dout_d, &mut delta)
             .unwrap_or_else(|e| panic!("{name}: delta: {e}"));
         let got = fetch(msa, "delta", &delta);
+        // The norm variant: the same delta bit for bit, and |dout| per row within fp32 summation
+        // (128 squares, a root) of an f64 reference; the dQ grid allows x 1.0001.
+        let mut delta2 = msa.output::<f32>(rows).unwrap();
+        let mut norm = msa.output::<f32>(rows).unwrap();
+        msa.backward_delta_norm_into(&dl, &out_d, &dout_d, &mut delta2, &mut norm)
+            .unwrap_or_else(|e| panic!("{name}: delta and norm: {e}"));
+        let got2 = fetch(msa, "delta", &delta2);
+        let norms = fetch(msa, "dout_norm", &norm);
+        let same = got
+            .iter()
+            .zip(&got2)
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
+        let mut norm_worst = 0f64;
+        for row in 0..rows {
+            let exact = dout[row * HEAD_DIM..][..HEAD_DIM]
+                .iter()
+                .map(|g| g.to_f64() * g.to_f64())
+                .sum::<f64>()
+                .sqrt();
+            let rel = if exact == 0.0 {
+                norms[row].abs() as f64
+            } else {
+                (norms[row] as f64 - exact).abs() / exact
+            };
+            norm_worst = if rel.is_nan() {
+                f64::INFINITY
+            } else {
+                norm_worst.max(rel)
+            };
+        }
         let (mut worst, mut worst_row, mut bad) = (0f64, 0usize, 0usize);
         for row in 0..rows {
             let (mut exact, mut magnitude) = (0f64, 0f64);
@@ -170,6 +201,22 @@ fn delta_matches_an_f64_reference_within_fp32_summation() {
                 worst_row % NUM_Q_HEADS,
                 got[worst_row]
             ),
+        });
+        report.push(CheckLine {
+            tensor: "delta (norm variant)".into(),
+            metric: "rows bitwise equal",
+            value: same as f64,
+            limit: rows as f64,
+            passed: same == rows,
+            detail: format!("{same} of {rows}"),
+        });
+        report.push(CheckLine {
+            tensor: "dout_norm".into(),
+            metric: "max relative error",
+            value: norm_worst,
+            limit: 2e-5,
+            passed: norm_worst <= 2e-5,
+            detail: "against an f64 sum of squares".into(),
         });
         sweep.record(name, &report, json!({ "total_q": t }));
     }

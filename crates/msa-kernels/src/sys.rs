@@ -283,6 +283,8 @@ pub struct MsaAttnBwdParams {
     pub lse: *const f32,
     #[doc = " [T, 64], rowsum(dout * out)"]
     pub delta: *const f32,
+    #[doc = " [T, 64], |dout| per row: msa_attn_backward_sm90_det only\n (msa_attn_backward_preprocess_norm)"]
+    pub dout_norm: *const f32,
     pub varlen: MsaVarlen,
     #[doc = " [cap, 4] = (0, group, physical kblock, valid slots)"]
     pub task_meta: *const i32,
@@ -320,7 +322,7 @@ pub struct MsaAttnBwdParams {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of MsaAttnBwdParams"][::std::mem::size_of::<MsaAttnBwdParams>() - 256usize];
+    ["Size of MsaAttnBwdParams"][::std::mem::size_of::<MsaAttnBwdParams>() - 264usize];
     ["Alignment of MsaAttnBwdParams"][::std::mem::align_of::<MsaAttnBwdParams>() - 8usize];
     ["Offset of field: MsaAttnBwdParams::q"][::std::mem::offset_of!(MsaAttnBwdParams, q) - 0usize];
     ["Offset of field: MsaAttnBwdParams::k"][::std::mem::offset_of!(MsaAttnBwdParams, k) - 8usize];
@@ -331,42 +333,44 @@ const _: () = {
         [::std::mem::offset_of!(MsaAttnBwdParams, lse) - 32usize];
     ["Offset of field: MsaAttnBwdParams::delta"]
         [::std::mem::offset_of!(MsaAttnBwdParams, delta) - 40usize];
+    ["Offset of field: MsaAttnBwdParams::dout_norm"]
+        [::std::mem::offset_of!(MsaAttnBwdParams, dout_norm) - 48usize];
     ["Offset of field: MsaAttnBwdParams::varlen"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, varlen) - 48usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, varlen) - 56usize];
     ["Offset of field: MsaAttnBwdParams::task_meta"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, task_meta) - 120usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, task_meta) - 128usize];
     ["Offset of field: MsaAttnBwdParams::task_qrows"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, task_qrows) - 128usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, task_qrows) - 136usize];
     ["Offset of field: MsaAttnBwdParams::task_qpos"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, task_qpos) - 136usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, task_qpos) - 144usize];
     ["Offset of field: MsaAttnBwdParams::desc"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, desc) - 144usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, desc) - 152usize];
     ["Offset of field: MsaAttnBwdParams::grid_launch"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, grid_launch) - 152usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, grid_launch) - 160usize];
     ["Offset of field: MsaAttnBwdParams::dq_accum"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, dq_accum) - 160usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, dq_accum) - 168usize];
     ["Offset of field: MsaAttnBwdParams::dk_pool"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, dk_pool) - 168usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, dk_pool) - 176usize];
     ["Offset of field: MsaAttnBwdParams::dv_pool"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, dv_pool) - 176usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, dv_pool) - 184usize];
     ["Offset of field: MsaAttnBwdParams::topk"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, topk) - 184usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, topk) - 192usize];
     ["Offset of field: MsaAttnBwdParams::dq"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, dq) - 192usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, dq) - 200usize];
     ["Offset of field: MsaAttnBwdParams::phys_row_ptr"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, phys_row_ptr) - 200usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, phys_row_ptr) - 208usize];
     ["Offset of field: MsaAttnBwdParams::phys_q_indices"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, phys_q_indices) - 208usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, phys_q_indices) - 216usize];
     ["Offset of field: MsaAttnBwdParams::phys_valid"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, phys_valid) - 216usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, phys_valid) - 224usize];
     ["Offset of field: MsaAttnBwdParams::dk"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, dk) - 224usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, dk) - 232usize];
     ["Offset of field: MsaAttnBwdParams::dv"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, dv) - 232usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, dv) - 240usize];
     ["Offset of field: MsaAttnBwdParams::workspace"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, workspace) - 240usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, workspace) - 248usize];
     ["Offset of field: MsaAttnBwdParams::workspace_bytes"]
-        [::std::mem::offset_of!(MsaAttnBwdParams, workspace_bytes) - 248usize];
+        [::std::mem::offset_of!(MsaAttnBwdParams, workspace_bytes) - 256usize];
 };
 impl Default for MsaAttnBwdParams {
     fn default() -> Self {
@@ -723,7 +727,7 @@ unsafe extern "C" {
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). Also reads topk. After the item build it zeroes the slot\n semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ\n row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from |dout|,\n delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ\n contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each\n split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.\n Graph-capturable, no host synchronization."]
+    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). Also reads topk and dout_norm. After the item build it zeroes the slot\n semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ\n row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from\n dout_norm, delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ\n contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each\n split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.\n Graph-capturable, no host synchronization."]
     pub fn msa_attn_backward_sm90_det(
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
@@ -749,6 +753,15 @@ unsafe extern "C" {
         dout: *const u16,
         total_q: i32,
         delta: *mut f32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " msa_attn_backward_preprocess that also writes dout_norm[t, h] = sqrt(sum_d dout[t, h, d]^2)\n (fp32, the same pass; the deterministic sm_90a backward's dQ grid reads it)."]
+    pub fn msa_attn_backward_preprocess_norm(
+        out: *const u16,
+        dout: *const u16,
+        total_q: i32,
+        delta: *mut f32,
+        dout_norm: *mut f32,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
     #[doc = " dq = bf16(dq_accum), round to nearest even (__float2bfloat16_rn), element for element.\n Grid ceil(T * 64 * 128 / 8 / 256), 256 threads: 8 elements per thread."]

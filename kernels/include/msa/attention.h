@@ -62,6 +62,8 @@ typedef struct MsaAttnBwdParams {
     const uint16_t* dout;  /* [T, 64, 128] */
     const float* lse;      /* [T, 64], the forward's natural-log LSE */
     const float* delta;    /* [T, 64], rowsum(dout * out) */
+    const float* dout_norm; /* [T, 64], |dout| per row: msa_attn_backward_sm90_det only
+                             * (msa_attn_backward_preprocess_norm) */
     MsaVarlen varlen;
 
     /* msa_attn_backward_main: the device task tables and the fp32 accumulators. */
@@ -110,10 +112,10 @@ int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
  * more). */
 int msa_attn_backward_sm90_det_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 /* msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same
- * device, same number of SMs). Also reads topk. After the item build it zeroes the slot
+ * device, same number of SMs). Also reads topk and dout_norm. After the item build it zeroes the slot
  * semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ
- * row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from |dout|,
- * delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ
+ * row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from
+ * dout_norm, delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ
  * contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each
  * split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.
  * Graph-capturable, no host synchronization. */
@@ -150,6 +152,10 @@ int msa_attn_backward_dkv(const MsaAttnBwdParams* params, void* stream);
  * Grid ceil(T * 64 / 16), 256 threads: 16 threads per (t, h) row, 16-byte loads. */
 int msa_attn_backward_preprocess(const uint16_t* out, const uint16_t* dout, int32_t total_q, float* delta,
                                  void* stream);
+/* msa_attn_backward_preprocess that also writes dout_norm[t, h] = sqrt(sum_d dout[t, h, d]^2)
+ * (fp32, the same pass; the deterministic sm_90a backward's dQ grid reads it). */
+int msa_attn_backward_preprocess_norm(const uint16_t* out, const uint16_t* dout, int32_t total_q, float* delta,
+                                      float* dout_norm, void* stream);
 
 /* dq = bf16(dq_accum), round to nearest even (__float2bfloat16_rn), element for element.
  * Grid ceil(T * 64 * 128 / 8 / 256), 256 threads: 8 elements per thread. */

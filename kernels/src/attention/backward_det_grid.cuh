@@ -109,56 +109,44 @@ __global__ void __launch_bounds__(kBoundThreads)
     }
 }
 
-constexpr int kStepThreads = 256;  // a warp per (query, group)
+constexpr int kStepThreads = 256;  // a half warp per (query, group)
 
-// dq_step [T, 64]: the grid step of each dQ row from |dO| (read here), delta and the bounds of the
-// row's selected blocks (topk [4, T, 16], document-local ids, -1 padding). Grid 4T / 8 (t-major):
-// lanes 2h, 2h + 1 read head h's row (256 bytes), lane j < 16 reads selection entry j and its
-// block's bounds; every load is issued before the first use, so the warps wait once.
+// dq_step [T, 64]: the grid step of each dQ row from |dO| (dout_norm, written by the delta
+// preprocess), delta and the bounds of the row's selected blocks (topk [4, T, 16], document-local
+// ids, -1 padding). Grid ceil(4T / 16) (t-major): lane l of a half warp reads head l's norm and
+// delta and selection entry l with its block's bounds, every load issued before the first use.
 __global__ void __launch_bounds__(kStepThreads)
-    backward_dq_step_kernel(const uint16_t* __restrict__ dout, const float* __restrict__ delta,
+    backward_dq_step_kernel(const float* __restrict__ dout_norm, const float* __restrict__ delta,
                             const int32_t* __restrict__ topk, const float* __restrict__ kv_bound,
                             const MsaVarlen varlen, float* __restrict__ dq_step) {
-    const int tg = blockIdx.x * (kStepThreads / 32) + static_cast<int>(threadIdx.x >> 5);
-    if (tg >= varlen.total_q * kGroups) return;
-    const int t = tg / kGroups, g = tg % kGroups, lane = threadIdx.x & 31;
-    const int h = lane >> 1;  // this lane's head of the group
-    const int64_t row = static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup + h;
-    const uint4* src = reinterpret_cast<const uint4*>(dout + row * kHeadDim) + (lane & 1) * 8;
-    uint4 w[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = src[i];
-    const float dl = fabsf(delta[row]);
-    const int b = topk[(static_cast<int64_t>(g) * varlen.total_q + t) * kTopK + (lane & 15)];
-    const QueryCoord qc = query_coord(varlen, t);
-    float ka = 0.f, vn = 0.f;
-    const int pb = qc.phys_base + b;
-    if (b >= 0 && pb < varlen.padded_kv_blocks) {
-        const float2 kb = *reinterpret_cast<const float2*>(kv_bound + (static_cast<int64_t>(g) * varlen.padded_kv_blocks + pb) * 2);
-        ka = kb.x;
-        vn = kb.y;
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint32_t ws[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            ss = fmaf(bf16_lo(ws[j]), bf16_lo(ws[j]), ss);
-            ss = fmaf(bf16_hi(ws[j]), bf16_hi(ws[j]), ss);
+    const int tg = blockIdx.x * (kStepThreads / 16) + static_cast<int>(threadIdx.x >> 4);
+    const int l = threadIdx.x & 15;
+    const bool live = tg < varlen.total_q * kGroups;  // half-warp uniform; every lane shuffles
+    float dn = 0.f, dl = 0.f, ka = 0.f, vn = 0.f;
+    int64_t row = 0;
+    if (live) {
+        const int t = tg / kGroups, g = tg % kGroups;
+        row = static_cast<int64_t>(t) * kHeads + g * kHeadsPerGroup + l;
+        dn = dout_norm[row] * 1.0001f;  // the rounded sum and root stay below x 1.0001
+        dl = fabsf(delta[row]);
+        const int b = topk[(static_cast<int64_t>(g) * varlen.total_q + t) * kTopK + l];
+        const int pb = query_coord(varlen, t).phys_base + b;
+        if (b >= 0 && pb < varlen.padded_kv_blocks) {
+            const float2 kb =
+                *reinterpret_cast<const float2*>(kv_bound + (static_cast<int64_t>(g) * varlen.padded_kv_blocks + pb) * 2);
+            ka = kb.x;
+            vn = kb.y;
         }
     }
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    const float dn = sqrtf(ss) * 1.0001f;
     float term = 0.f;
 #pragma unroll
     for (int j = 0; j < kTopK; ++j)
-        term = fmaxf(term, fmaf(dn, __shfl_sync(0xffffffffu, vn, j), dl) * __shfl_sync(0xffffffffu, ka, j));
-    if ((lane & 1) == 0) dq_step[row] = grid_step(term * (kScale * 1.01f));
+        term = fmaxf(term, fmaf(dn, __shfl_sync(0xffffffffu, vn, j, 16), dl) * __shfl_sync(0xffffffffu, ka, j, 16));
+    if (live) dq_step[row] = grid_step(term * (kScale * 1.01f));
 }
 
 }  // namespace
 
-static_assert(kTopK == 16, "backward_dq_step_kernel: one selection entry per lane of a half warp");
+static_assert(kTopK == kHeadsPerGroup && kTopK == 16, "backward_dq_step_kernel: a half warp's lane is a head and a selection entry");
 
 }  // namespace msa::bwd90

@@ -63,7 +63,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     const MsaVarlen& vl = a.varlen;
     const Workspace w = workspace_layout(vl, kDet);
     if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
-    if (kDet && a.topk == nullptr) return cudaErrorInvalidValue;  // the dQ grid's selection
+    if (kDet && (a.topk == nullptr || a.dout_norm == nullptr)) return cudaErrorInvalidValue;  // the dQ grid's inputs
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
     int4* items = reinterpret_cast<int4*>(base + w.items);
@@ -98,9 +98,9 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
                            a.k, a.v, a.phys_row_ptr, vl, kv_bound));
         if (vl.total_q > 0)
             MSA_TRY(launch(backward_dq_step_kernel,
-                           dim3((static_cast<unsigned>(vl.total_q) * kGroups + kStepThreads / 32 - 1) / (kStepThreads / 32)),
-                           dim3(kStepThreads), stream, a.dout, a.delta, a.topk, static_cast<const float*>(kv_bound),
-                           vl, dq_step));
+                           dim3((static_cast<unsigned>(vl.total_q) * kGroups + kStepThreads / 16 - 1) / (kStepThreads / 16)),
+                           dim3(kStepThreads), stream, a.dout_norm, a.delta, a.topk,
+                           static_cast<const float*>(kv_bound), vl, dq_step));
         p.dq_step = dq_step;
         p.dkv_rank = dkv_rank;
         p.dkv_sem = reinterpret_cast<int32_t*>(base + w.dkv_sem);

@@ -166,6 +166,31 @@ pub unsafe fn backward_preprocess(
     })
 }
 
+/// [`backward_preprocess`] that also writes `dout_norm[t, h] = |dout[t, h, :]|₂` (f32 `[T, 64]`).
+///
+/// # Safety
+/// As [`backward_preprocess`]; `dout_norm` like `delta`.
+pub unsafe fn backward_preprocess_norm(
+    out: DevicePtr,
+    dout: DevicePtr,
+    total_q: i32,
+    delta: DevicePtr,
+    dout_norm: DevicePtr,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_attn_backward_preprocess_norm", unsafe {
+        sys::msa_attn_backward_preprocess_norm(
+            out as *const u16,
+            dout as *const u16,
+            total_q,
+            delta as *mut f32,
+            dout_norm as *mut f32,
+            stream,
+        )
+    })
+}
+
 /// Backward postprocess of dQ: `dq = bf16(dq_accum)`, round to nearest even.
 ///
 /// # Safety

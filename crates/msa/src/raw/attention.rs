@@ -195,8 +195,19 @@ pub unsafe fn backward(
         }
     }
     let mut delta = workspace.carve::<f32>(carve.delta, s.query_heads);
-    // SAFETY: lengths checked above; the delta part lies inside the checked workspace.
-    unsafe { backward_preprocess(shape, inputs.out, inputs.dout, &mut delta, stream)? };
+    // The deterministic sm_90a path also needs |dout| per row (its dQ grid), from the same pass.
+    let mut dout_norm = (path == BackwardPath::Deterministic)
+        .then(|| workspace.carve::<f32>(carve.dout_norm, s.query_heads));
+    // SAFETY: lengths checked above; the delta and dout_norm parts lie inside the checked
+    // workspace.
+    unsafe {
+        match dout_norm.as_mut() {
+            Some(norm) => {
+                backward_preprocess_norm(shape, inputs.out, inputs.dout, &mut delta, norm, stream)?
+            }
+            None => backward_preprocess(shape, inputs.out, inputs.dout, &mut delta, stream)?,
+        }
+    };
     let base = sys::MsaAttnBwdParams {
         q: inputs.q.ptr().cast(),
         k: inputs.k.ptr().cast(),
@@ -230,6 +241,7 @@ pub unsafe fn backward(
                 workspace: ws.ptr().cast(),
                 workspace_bytes: ws.len(),
                 topk: meta.topk.ptr(),
+                dout_norm: dout_norm.as_ref().map_or(std::ptr::null(), |n| n.ptr()),
                 ..csr
             };
             // SAFETY: lengths checked above, the sm_90a part of the workspace holds the bytes
@@ -339,6 +351,39 @@ pub unsafe fn backward_preprocess(
             dout.addr(),
             shape.total_q() as i32,
             delta.addr(),
+            stream.as_raw(),
+        )?
+    };
+    Ok(())
+}
+
+/// [`backward_preprocess`] that also writes `dout_norm[t, h] = |dout[t, h, :]|₂` (fp32, the same
+/// pass), which the deterministic sm_90a backward's dQ grid reads.
+///
+/// # Safety
+/// As [`backward_preprocess`].
+pub unsafe fn backward_preprocess_norm(
+    shape: &CallShape,
+    out: DevSlice<bf16>,
+    dout: DevSlice<bf16>,
+    delta: &mut DevSliceMut<f32>,
+    dout_norm: &mut DevSliceMut<f32>,
+    stream: Stream,
+) -> Result<()> {
+    let s = shape.sizes();
+    check::tensor("out", &out, s.queries, "[T, 64, 128]")?;
+    check::tensor("dout", &dout, s.queries, "[T, 64, 128]")?;
+    check::output("delta", delta, s.query_heads, "[T, 64]")?;
+    check::output("dout_norm", dout_norm, s.query_heads, "[T, 64]")?;
+    // SAFETY: lengths and alignment checked above; the caller's contract covers the rest. T fits
+    // i32 (`CallShape::new`).
+    unsafe {
+        launch::attention::backward_preprocess_norm(
+            out.addr(),
+            dout.addr(),
+            shape.total_q() as i32,
+            delta.addr(),
+            dout_norm.addr(),
             stream.as_raw(),
         )?
     };

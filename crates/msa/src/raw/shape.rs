@@ -392,6 +392,8 @@ pub struct Sizes {
 pub(crate) struct BackwardCarve {
     /// `delta [T, 64]` f32, every path.
     pub delta: usize,
+    /// `dout_norm [T, 64]` f32 (deterministic sm_90a path).
+    pub dout_norm: usize,
     /// The sm_90a launcher's scratch.
     pub sm90: usize,
     /// `dq_accum [T, 64, 128]`, `dk_pool`, `dv_pool [W, 4, 128]` f32, task scratch and tables
@@ -472,8 +474,8 @@ impl Sizes {
 
     /// The carve of the backward workspace of `path`: `delta [T, 64]` f32, then
     /// - [`BackwardPath::Sm90`]: the sm_90a launcher's scratch ([`Sizes::backward_sm90_bytes`]);
-    /// - [`BackwardPath::Deterministic`]: its deterministic mode's
-    ///   ([`Sizes::backward_sm90_det_bytes`]);
+    /// - [`BackwardPath::Deterministic`]: `dout_norm [T, 64]` f32 and its deterministic mode's
+    ///   scratch ([`Sizes::backward_sm90_det_bytes`]);
     /// - [`BackwardPath::Sm80Atomic`]: `dq_accum [T, 64, 128]`, `dk_pool`, `dv_pool [W, 4, 128]`
     ///   f32, the task-build scratch and tables i32;
     /// - [`BackwardPath::Sm80Deterministic`]: nothing more;
@@ -483,6 +485,7 @@ impl Sizes {
         let f32s = |n: usize| align_up(n * 4);
         let mut c = BackwardCarve {
             delta: 0,
+            dout_norm: 0,
             sm90: 0,
             dq_accum: 0,
             dk_pool: 0,
@@ -498,8 +501,9 @@ impl Sizes {
                 c.bytes += align_up(self.backward_sm90_bytes);
             }
             BackwardPath::Deterministic => {
-                c.sm90 = c.bytes;
-                c.bytes += align_up(self.backward_sm90_det_bytes);
+                c.dout_norm = c.bytes;
+                c.sm90 = c.dout_norm + f32s(self.query_heads);
+                c.bytes = c.sm90 + align_up(self.backward_sm90_det_bytes);
             }
             BackwardPath::Sm80Atomic => {
                 c.dq_accum = c.bytes;
