@@ -63,7 +63,7 @@ struct Items {
 };
 
 // The items in the kernel's run order for `grid` CTAs (common/lpt_order.cuh: longest first, ties by
-// id, dealt in a snake).
+// band (head, first query's 32nd of T: attention/backward_items.cuh), then id; dealt in a snake).
 Items work_items(const HostLayout& h, const PhysCsr& c, int chunk, int grid) {
     Items w;
     std::vector<int4> rows;
@@ -77,6 +77,11 @@ Items work_items(const HostLayout& h, const PhysCsr& c, int chunk, int grid) {
     std::vector<int> ids(rows.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i);
     auto tiles = [&](int i) { return std::min((rows[i].w - rows[i].z + 3) / 4, msa::kLptBins - 1); };
+    auto band = [&](int i) {
+        const int q = std::min(std::max(c.q[size_t(rows[i].x) * h.T * 16 + rows[i].z], 0), h.T - 1);
+        return rows[i].x * msa::kItemQueryBands + int(int64_t(q) * msa::kItemQueryBands / h.T);
+    };
+    std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return band(a) < band(b); });
     std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return tiles(a) > tiles(b); });
     w.items.resize(rows.size());
     for (size_t j = 0; j < ids.size(); ++j) w.items[msa::snake_position(int(j), int(ids.size()), grid)] = rows[ids[j]];
@@ -140,11 +145,12 @@ int main(int argc, char** argv) {
         const size_t acc = size_t(std::max(4 * h.T * 16 / (msa::kKvItemQueries + 1), 1)) * 2 * 128 * 128;
         CK(cudaMalloc(&dkv_acc, acc * 4));
         int4 *items, *rows;
-        int *split_slot, *counts, *order, *position;
+        int *split_slot, *counts, *order, *position, *by_band;
         CK(cudaMalloc(&items, size_t(cap) * 16));
         CK(cudaMalloc(&rows, size_t(cap) * 16));
         CK(cudaMalloc(&order, size_t(cap) * 4));
         CK(cudaMalloc(&position, size_t(cap) * 4));
+        CK(cudaMalloc(&by_band, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
         CK(cudaMalloc(&counts, 8));
         int* topk = upload(topk_h);
@@ -152,8 +158,8 @@ int main(int argc, char** argv) {
         int* qidx = upload(csr.q);
         int* valid = upload(csr.valid);
         auto build_items = [&] {
-            msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, h.P, cap, grid, rows, items, order,
-                                                                        position, split_slot, counts);
+            msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, qidx, h.P, h.T, cap, grid, rows, items,
+                                                                        order, position, split_slot, counts, by_band);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
@@ -256,7 +262,7 @@ int main(int argc, char** argv) {
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
                                                     dq_acc, dkv_acc, split_slot, counts, topk, row_ptr, qidx, valid, items,
-                                                    rows, order, position})
+                                                    rows, order, position, by_band})
             CK(cudaFree(b));
     }
     std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");

@@ -150,6 +150,8 @@ pub const MSA_ITEM_OVERHEAD_TILES: MsaSm90Work = 2;
 pub const MSA_FWD_TILE_QUERIES: MsaSm90Work = 8;
 #[doc = " costs the run order tells apart (0..128; more share 128)"]
 pub const MSA_LPT_BINS: MsaSm90Work = 129;
+#[doc = " bands of a head's queries that break the backward run\norder's cost ties (4 heads x 32 < MSA_LPT_BINS)"]
+pub const MSA_ITEM_QUERY_BANDS: MsaSm90Work = 32;
 #[doc = " The work lists of the persistent sm_90a kernels (msa_plan::backward::kv_items and kv_order,\n msa_plan::tiles, msa_plan::lpt)."]
 pub type MsaSm90Work = ::std::os::raw::c_uint;
 #[doc = " The packed varlen layout of one call, uploaded once per layout (msa::cuda::DeviceLayout).\n Fragment b: first = fragment_first[b], k_base = cu_seqlens_k[first],\n k_len = cu_seqlens_k[b+1] - k_base, q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b];\n local query i sits at document position k_len - q_len + i."]

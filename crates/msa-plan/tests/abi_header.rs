@@ -82,6 +82,7 @@ fn mirrors() -> Vec<(&'static str, i64)> {
         ),
         ("MSA_FWD_TILE_QUERIES", tiles::TILE_QUERIES as i64),
         ("MSA_LPT_BINS", lpt::LPT_BINS as i64),
+        ("MSA_ITEM_QUERY_BANDS", kv_items::ITEM_QUERY_BANDS as i64),
     ]
 }
 

@@ -2,8 +2,11 @@
 // (head, physical block) row of prepare's physical CSR cut into items of at most kKvItemQueries
 // consecutive entries, ids head-major and blocks ascending; a row cut into several items gets the
 // next dK/dV accumulator slot. The main kernel's list is the longest-first run order for its grid
-// (common/lpt_order.cuh). One CTA scans the 4 P rows in chunks of its size, so the tables are
-// built without a host round trip (graph-capturable) and equal the mirror word for word.
+// (common/lpt_order.cuh), its ties broken by the item's band (head, where its first query lies:
+// msa_plan::backward::kv_items::item_band) so that items running together share queries: a
+// stable sort by band first, then the stable longest-first sort. One CTA scans the 4 P rows in
+// chunks of its size, so the tables are built without a host round trip (graph-capturable) and
+// equal the mirror word for word.
 #pragma once
 
 #include <cstdint>
@@ -18,17 +21,21 @@ namespace msa {
 constexpr int kKvItemQueries = MSA_KV_ITEM_QUERIES;
 constexpr int kItemBuildThreads = 1024;
 constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
+constexpr int kItemQueryBands = MSA_ITEM_QUERY_BANDS;
+static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the stable sort");
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each
 // position, position [capacity] = the position of each id; split_slot [4, P]; counts [2] =
-// (items, slots). Internal linkage, as every header kernel.
+// (items, slots); by_band [capacity] scratch (the ids in band order). Internal linkage, as every
+// header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
-    backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, int blocks, int capacity, int grid,
-                          int4* __restrict__ rows_out, int4* __restrict__ items, int32_t* __restrict__ order,
-                          int32_t* __restrict__ position, int32_t* __restrict__ split_slot,
-                          int32_t* __restrict__ counts) {
+    backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
+                          int blocks, int total_q, int capacity, int grid, int4* __restrict__ rows_out,
+                          int4* __restrict__ items, int32_t* __restrict__ order, int32_t* __restrict__ position,
+                          int32_t* __restrict__ split_slot, int32_t* __restrict__ counts,
+                          int32_t* __restrict__ by_band) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
     const int rows = kGroups * blocks;
@@ -60,9 +67,24 @@ __global__ void __launch_bounds__(kItemBuildThreads)
         slot_base += s_total;
     }
     __syncthreads();  // every row of rows_out written (read back below by other threads)
+    const int64_t edges = static_cast<int64_t>(total_q) * kTopK;
+    stable_bin_sort<kItemBuildThreads>(
+        lpt, item_base,
+        [&](int i) {
+            const int4 r = rows_out[i];
+            const int q = min(max(phys_q_indices[r.x * edges + r.z], 0), total_q - 1);
+            return r.x * kItemQueryBands + static_cast<int>(static_cast<int64_t>(q) * kItemQueryBands / total_q);
+        },
+        [&](int i, int j) { by_band[j] = i; });
+    __syncthreads();  // by_band complete
     lpt_order<kItemBuildThreads>(
-        lpt, item_base, grid, [&](int i) { return (rows_out[i].w - rows_out[i].z + kItemTileQueries - 1) / kItemTileQueries; },
-        [&](int i, int p) {
+        lpt, item_base, grid,
+        [&](int k) {
+            const int4 r = rows_out[by_band[k]];
+            return (r.w - r.z + kItemTileQueries - 1) / kItemTileQueries;
+        },
+        [&](int k, int p) {
+            const int i = by_band[k];
             items[p] = rows_out[i];
             order[p] = i;
             position[i] = p;

@@ -25,7 +25,7 @@ namespace {
 // msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
 // mode adds the slot semaphores (zeroed), the order tables and the dQ grid.
 struct Workspace {
-    size_t dq_accum, items, rows, order, position, split_slot, counts, dkv_acc, bytes;
+    size_t dq_accum, items, rows, order, position, by_band, split_slot, counts, dkv_acc, bytes;
     size_t dkv_sem, item_start, dkv_rank, kv_bound, dq_step;
     int item_capacity;
 };
@@ -42,7 +42,8 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.rows = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
     w.order = w.rows + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
     w.position = w.order + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
-    w.split_slot = w.position + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+    w.by_band = w.position + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+    w.split_slot = w.by_band + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.counts = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
@@ -78,8 +79,9 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
     const int grid = backward_grid(w.item_capacity, sms);
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
-                   vl.padded_kv_blocks, w.item_capacity, grid, reinterpret_cast<int4*>(base + w.rows), items, order,
-                   position, split_slot, counts));
+                   a.phys_q_indices, vl.padded_kv_blocks, vl.total_q, w.item_capacity, grid,
+                   reinterpret_cast<int4*>(base + w.rows), items, order, position, split_slot, counts,
+                   reinterpret_cast<int32_t*>(base + w.by_band)));
     Params p{};
     if constexpr (kDet) {
         int32_t* item_start = reinterpret_cast<int32_t*>(base + w.item_start);

@@ -34,12 +34,12 @@ __device__ __forceinline__ int lpt_bin(int cost) {
 
 // Counts the n items per bin, then turns the counts into each bin's first sorted index (one warp
 // scans, 5 bins a lane). Barriers inside; every thread calls it.
-template <int THREADS, class Cost>
-__device__ __forceinline__ void lpt_bin_offsets(LptSmem<THREADS>& s, int n, Cost cost) {
+template <int THREADS, class Bin>
+__device__ __forceinline__ void bin_offsets(LptSmem<THREADS>& s, int n, Bin bin) {
     static_assert(32 * 5 >= kLptBins, "5 bins per lane");
     for (int b = threadIdx.x; b < kLptBins; b += THREADS) s.next[b] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += THREADS) atomicAdd(&s.next[lpt_bin(cost(i))], 1);
+    for (int i = threadIdx.x; i < n; i += THREADS) atomicAdd(&s.next[bin(i)], 1);
     __syncthreads();
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
@@ -67,19 +67,20 @@ __device__ __forceinline__ void lpt_bin_offsets(LptSmem<THREADS>& s, int n, Cost
     __syncthreads();
 }
 
-// Every thread of the CTA (blockDim.x == THREADS) calls it; cost(i) >= 0 for the n items;
-// emit(i, p) is called once per item with its list position p. Barriers inside.
-template <int THREADS, class Cost, class Emit>
-__device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, Cost cost, Emit emit) {
+// Stable counting sort of n items by bin(i) in [0, kLptBins): emit(i, j) is called once per item
+// with its rank j in (bin, i) order. Every thread of the CTA (blockDim.x == THREADS) calls it;
+// barriers inside.
+template <int THREADS, class Bin, class Emit>
+__device__ __forceinline__ void stable_bin_sort(LptSmem<THREADS>& s, int n, Bin bin, Emit emit) {
     constexpr int kWarps = THREADS / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    lpt_bin_offsets<THREADS>(s, n, cost);
+    bin_offsets<THREADS>(s, n, bin);
     // Stable scatter, a chunk of THREADS items at a time: an item's index within its bin counts
     // the bin's items of earlier chunks, earlier warps and earlier lanes.
     for (int chunk = 0; chunk < n; chunk += THREADS) {
         const int i = chunk + static_cast<int>(threadIdx.x);
         const bool valid = i < n;
-        const int b = valid ? lpt_bin(cost(i)) : kLptBins + lane;  // a lane of its own when past n
+        const int b = valid ? bin(i) : kLptBins + lane;  // a lane of its own when past n
         for (int x = threadIdx.x; x < kWarps * kLptBins; x += THREADS) (&s.warp_count[0][0])[x] = 0;
         __syncthreads();
         const unsigned same = __match_any_sync(0xffffffffu, b);
@@ -89,7 +90,7 @@ __device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, 
         if (valid) {
             int j = s.next[b] + below;
             for (int w = 0; w < warp; ++w) j += s.warp_count[w][b];
-            emit(i, snake_position(j, n, grid));
+            emit(i, j);
         }
         __syncthreads();
         for (int bb = threadIdx.x; bb < kLptBins; bb += THREADS) {
@@ -99,6 +100,14 @@ __device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, 
         }
         __syncthreads();
     }
+}
+
+// Every thread of the CTA (blockDim.x == THREADS) calls it; cost(i) >= 0 for the n items;
+// emit(i, p) is called once per item with its list position p. Barriers inside.
+template <int THREADS, class Cost, class Emit>
+__device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, Cost cost, Emit emit) {
+    stable_bin_sort<THREADS>(s, n, [&](int i) { return lpt_bin(cost(i)); },
+                             [&](int i, int j) { emit(i, snake_position(j, n, grid)); });
 }
 
 }  // namespace msa

@@ -4,8 +4,11 @@
 //! order. A row cut into several items gets a slot of the fp32 dK/dV accumulator (slots numbered
 //! in the same order); a row that fits one item is written in bf16 by that item. The main kernel
 //! runs the items in the longest-first order of [`crate::lpt`] for its grid (position `p` on CTA
-//! `p % grid`). The device item build (`backward_items_kernel`) computes the same tables word for
-//! word.
+//! `p % grid`), its cost ties broken by [`item_band`] instead of the id: items of equal cost run
+//! head by head and, within a head, by where their first query lies, so the items in flight
+//! together gather the same queries' Q and dO and add into the same dQ rows (L2 reuse; in id order
+//! a spread selection's neighbouring blocks share few queries). The device item build
+//! (`backward_items_kernel`) computes the same tables word for word.
 
 use super::kv_order::TILE_QUERIES;
 use crate::csr::PhysicalCsr;
@@ -47,6 +50,17 @@ pub fn kv_slot_capacity(total_q: usize) -> usize {
     NUM_KV_HEADS * total_q * TOPK_BLOCKS / (KV_ITEM_QUERIES + 1)
 }
 
+/// Bands of a head's queries in the run order's tie key (abi.h `MSA_ITEM_QUERY_BANDS`).
+pub const ITEM_QUERY_BANDS: usize = 32;
+
+/// The tie key of an item of `head` whose first CSR entry is query `first_q` of `total_q`:
+/// `head · 32 + ⌊q · 32 / T⌋`, below [`crate::lpt::LPT_BINS`] (a query outside `[0, T)` is
+/// clamped; the main kernel skips it).
+pub fn item_band(head: usize, first_q: i32, total_q: usize) -> usize {
+    let q = first_q.clamp(0, total_q.saturating_sub(1) as i32) as usize;
+    head * ITEM_QUERY_BANDS + q * ITEM_QUERY_BANDS / total_q.max(1)
+}
+
 /// Tiles of the main kernel in an item of `entries` CSR entries: its cost in the run order.
 pub fn item_tiles(entries: usize) -> usize {
     entries.div_ceil(TILE_QUERIES)
@@ -71,11 +85,21 @@ pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
             }
         }
     }
-    let costs: Vec<usize> = rows
+    // Ties by band: the longest-first order is stable, so it runs on the ids sorted by band.
+    let band = |r: &[i32; 4]| {
+        let first = csr.q_indices[r[0] as usize * csr.edge_capacity() + r[2] as usize];
+        item_band(r[0] as usize, first, csr.total_q)
+    };
+    let mut by_band: Vec<usize> = (0..rows.len()).collect();
+    by_band.sort_by_key(|&i| band(&rows[i]));
+    let costs: Vec<usize> = by_band
         .iter()
-        .map(|r| item_tiles((r[3] - r[2]) as usize))
+        .map(|&i| item_tiles((rows[i][3] - rows[i][2]) as usize))
         .collect();
-    let order = lpt_order(&costs, grid);
+    let order: Vec<usize> = lpt_order(&costs, grid)
+        .into_iter()
+        .map(|k| by_band[k])
+        .collect();
     let mut items = vec![0i32; cap * 4];
     let mut position = vec![0i32; rows.len()];
     for (p, &id) in order.iter().enumerate() {
@@ -188,14 +212,17 @@ mod tests {
         for grid in [1, 5, 7, 132] {
             let k = build_kv_items(&csr, grid);
             let tiles = |p: usize| item_tiles((k.items[p * 4 + 3] - k.items[p * 4 + 2]) as usize);
-            // Dealt back from the snake, the costs never rise.
-            let sorted: Vec<usize> = (0..k.count)
-                .map(|j| tiles(crate::lpt::snake_position(j, k.count, grid)))
-                .collect();
-            assert!(
-                sorted.windows(2).all(|w| w[0] >= w[1]),
-                "grid {grid}: {sorted:?}"
-            );
+            // Dealt back from the snake: costs never rise, ties by band, then by id.
+            let key = |j: usize| {
+                let p = crate::lpt::snake_position(j, k.count, grid);
+                let it = &k.items[p * 4..p * 4 + 4];
+                let first = csr.q_indices[it[0] as usize * csr.edge_capacity() + it[2] as usize];
+                let band = item_band(it[0] as usize, first, csr.total_q);
+                (std::cmp::Reverse(tiles(p)), band, k.order[p])
+            };
+            for j in 1..k.count {
+                assert!(key(j - 1) < key(j), "grid {grid}, rank {j}");
+            }
             let run: Vec<usize> = (0..k.count).map(tiles).collect();
             let mut natural = vec![0; k.count];
             for (p, &id) in k.order.iter().enumerate() {
@@ -204,5 +231,21 @@ mod tests {
             let (now, before) = (imbalance(&run, grid), imbalance(&natural, grid));
             assert!(now <= before + 1e-9, "grid {grid}: {now} > {before}");
         }
+    }
+
+    #[test]
+    fn bands_split_each_heads_queries_in_order_below_the_lpt_bins() {
+        for t in [1usize, 5, 32, 100, 12_288] {
+            let bands: Vec<usize> = (-1..=t as i32).map(|q| item_band(3, q, t)).collect();
+            assert!(bands.windows(2).all(|w| w[0] <= w[1]), "T {t}");
+            assert_eq!(bands[0], 3 * ITEM_QUERY_BANDS);
+            assert!(*bands.last().unwrap() < crate::lpt::LPT_BINS);
+            assert_eq!(
+                item_band(0, t as i32 - 1, t),
+                (t - 1) * ITEM_QUERY_BANDS / t
+            );
+        }
+        assert_eq!(item_band(1, 6_143, 12_288), ITEM_QUERY_BANDS + 15);
+        assert_eq!(item_band(1, 6_144, 12_288), ITEM_QUERY_BANDS + 16);
     }
 }
