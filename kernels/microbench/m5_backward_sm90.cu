@@ -58,7 +58,7 @@ PhysCsr phys_csr(const HostLayout& h, const std::vector<int>& topk) {
 // cut into chunks of at most `chunk` entries; a row cut into several gets a dK/dV slot.
 struct Items {
     std::vector<int4> items;
-    std::vector<int> split_slot;
+    std::vector<int> split_slot, split_part;
     int slots = 0;
 };
 
@@ -68,10 +68,16 @@ Items work_items(const HostLayout& h, const PhysCsr& c, int chunk, int grid) {
     Items w;
     std::vector<int4> rows;
     w.split_slot.assign(size_t(4) * h.P, -1);
+    w.split_part.assign(size_t(4) * h.P, -1);
+    int parts = 0;
     for (int g = 0; g < 4; ++g)
         for (int pb = 0; pb < h.P; ++pb) {
             const int lo = c.row_ptr[size_t(g) * (h.P + 1) + pb], hi = c.row_ptr[size_t(g) * (h.P + 1) + pb + 1];
-            if (hi - lo > chunk) w.split_slot[size_t(g) * h.P + pb] = w.slots++;
+            if (hi - lo > chunk) {
+                w.split_slot[size_t(g) * h.P + pb] = w.slots++;
+                w.split_part[size_t(g) * h.P + pb] = parts;
+                parts += (hi - lo + chunk - 1) / chunk;
+            }
             for (int e = lo; e < hi; e += chunk) rows.push_back(make_int4(g, pb, e, std::min(hi, e + chunk)));
         }
     std::vector<int> ids(rows.size());
@@ -145,13 +151,14 @@ int main(int argc, char** argv) {
         const size_t acc = size_t(std::max(4 * h.T * 16 / (msa::kKvItemQueries + 1), 1)) * 2 * 128 * 128;
         CK(cudaMalloc(&dkv_acc, acc * 4));
         int4 *items, *rows;
-        int *split_slot, *counts, *order, *position, *by_band;
+        int *split_slot, *split_part, *counts, *order, *position, *by_band;
         CK(cudaMalloc(&items, size_t(cap) * 16));
         CK(cudaMalloc(&rows, size_t(cap) * 16));
         CK(cudaMalloc(&order, size_t(cap) * 4));
         CK(cudaMalloc(&position, size_t(cap) * 4));
         CK(cudaMalloc(&by_band, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
+        CK(cudaMalloc(&split_part, size_t(4) * h.P * 4));
         CK(cudaMalloc(&counts, 8));
         int* topk = upload(topk_h);
         int* row_ptr = upload(csr.row_ptr);
@@ -159,7 +166,8 @@ int main(int argc, char** argv) {
         int* valid = upload(csr.valid);
         auto build_items = [&] {
             msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, qidx, h.P, h.T, cap, grid, rows, items,
-                                                                        order, position, split_slot, counts, by_band);
+                                                                        order, position, split_slot, split_part, counts,
+                                                                        by_band);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
@@ -168,7 +176,8 @@ int main(int argc, char** argv) {
         {
             const std::vector<int4> di = download(items, cap);
             const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, 2);
-            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && ds == w.split_slot;
+            const std::vector<int> dp = download(split_part, size_t(4) * h.P);
+            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && ds == w.split_slot && dp == w.split_part;
             for (int i = 0; i < cap && same; ++i) {
                 const int4 want = i < int(items_h.size()) ? items_h[i] : make_int4(0, 0, 0, 0);
                 same = di[i].x == want.x && di[i].y == want.y && di[i].z == want.z && di[i].w == want.w;
@@ -217,7 +226,7 @@ int main(int argc, char** argv) {
             run_main();
             const unsigned n_finish = msa::bwd90::finish_ctas(h.P);
             msa::bwd90::backward_epilogue_kernel<<<n_finish + msa::bwd90::dq_cast_ctas(h.T), msa::bwd90::kCastThreads>>>(
-                row_ptr, split_slot, dkv_acc, vl, false, dk, dv, n_finish, dq_acc, dq);
+                row_ptr, split_slot, nullptr, dkv_acc, vl, false, dk, dv, n_finish, dq_acc, dq);
             CK(cudaGetLastError());
         };
 
@@ -261,7 +270,7 @@ int main(int argc, char** argv) {
                     c.name.c_str(), items_h.size(), t_v1, t_sm90, t_main, useful / t_v1 / 1e9, useful / t_sm90 / 1e9,
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
-                                                    dq_acc, dkv_acc, split_slot, counts, topk, row_ptr, qidx, valid, items,
+                                                    dq_acc, dkv_acc, split_slot, split_part, counts, topk, row_ptr, qidx, valid, items,
                                                     rows, order, position, by_band})
             CK(cudaFree(b));
     }

@@ -5,15 +5,16 @@ The main kernel streams tiles of 4 queries x 16 heads through each item (a (grou
 chunk of <= 512 queries); every tile reads Q and dO of its 4 queries (4 KiB each per query) and
 reduce-adds their dQ (8 KiB per query): 16 KiB of query-side lines per query and tile. This
 models which of those accesses an LRU cache of a given size would hit: items run on 132 CTAs by
-static striding (item I on CTA I % 132, tiles + 2 tile-times each, as backward_order.cuh
-estimates), the accesses are ordered by time, and an access hits when fewer than
+static striding (item I on CTA I % 132, tiles + 2 tile-times each, the
+estimate of crates/msa-cli's balance report), the accesses are ordered by time, and an access hits when fewer than
 capacity / 16 KiB distinct queries were touched since the same query's previous access (LRU
 stack distance). One group (the kernel runs the groups one after another).
 
 Orders (item ids are block-ascending, queries ascending within a row, as the item build makes
-them): "lpt" (main: common/lpt_order.cuh, tile counts descending with ties in id order, dealt
-to the CTAs in a snake), "lpt-query" (the same with ties by first query) and "query" (items
-sorted by their first query, no balancing: items whose query sets overlap run together).
+them): "lpt" (main until session 11: common/lpt_order.cuh, tile counts descending with ties in
+id order, dealt to the CTAs in a snake), "band" (main since session 11: ties by the first
+query's 32nd of T, attention/backward_items.cuh), "lpt-query" (ties by first query) and "query"
+(items sorted by their first query, no balancing: items whose query sets overlap run together).
 
   python3 scripts/analysis/bwd_order_l2.py [--l2-mib 40]
 Layout: case 151 rank 15 of the development benchmark (one 181,248-key document; 6 fragments
@@ -64,7 +65,8 @@ def run_order(items, order):
     tiles = lambda it: min((len(it[1]) + TILE - 1) // TILE, 128)
     if order == "query":
         return sorted(items, key=lambda it: (it[1][0], it[0]))
-    tie = (lambda i: i) if order == "lpt" else (lambda i: (items[i][1][0], i))
+    tie = {"lpt": lambda i: i, "band": lambda i: (items[i][1][0] * 32 // len(positions()), i),
+           "lpt-query": lambda i: (items[i][1][0], i)}[order]
     by_cost = sorted(range(len(items)), key=lambda i: (-tiles(items[i]), tie(i)))
     out = [None] * len(items)
     for j, i in enumerate(by_cost):
@@ -128,7 +130,7 @@ def main():
     print("pattern   order      items  accesses  makespan(tiles)  hit rate")
     for pattern in ["recent16", "spread"]:
         items = items_of(pattern)
-        for order in ["lpt", "lpt-query", "query"]:
+        for order in ["lpt", "band", "lpt-query", "query"]:
             its = run_order(items, order)
             seq, span = accesses(its)
             print(f"{pattern:9} {order:10} {len(its):6} {len(seq):9} {span:12}  {hit_rate(seq, capacity):8.3f}")

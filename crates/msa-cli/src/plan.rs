@@ -6,8 +6,7 @@ use clap::Args as ClapArgs;
 use msa_harness::cases::{self, Work};
 use msa_harness::memory::MemoryLimit;
 use msa_harness::Result;
-use msa_plan::backward::kv_items::{build_kv_items, item_tiles, kv_item_capacity};
-use msa_plan::backward::kv_order::{backward_grid, ITEM_OVERHEAD_TILES};
+use msa_plan::backward::kv_items::{backward_grid, build_kv_items, item_tiles, kv_item_capacity};
 use msa_plan::backward::{build_backward_tasks, MsaBackwardSchedule};
 use msa_plan::csr::{build_k2q_csr, build_physical_csr};
 use msa_plan::flops::{causal_elements, selected_elements, sparse_elements, FlopModel};
@@ -111,11 +110,13 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// An item's K/V load and dK/dV store in the balance estimate, in tiles of the main kernel.
+const ITEM_OVERHEAD_TILES: usize = 2;
+
 /// The sm_90a kernels' balance over their persistent grids: the most-loaded CTA's cost over the
 /// mean when the CTAs stride over the work in natural order, and in the run order the kernels
 /// use (`msa_plan::lpt`); (backward, forward). Costs: an item's tiles plus its K/V load and
-/// dK/dV store (`ITEM_OVERHEAD_TILES`, the deterministic order's estimate), a forward tile's union
-/// size plus 1.
+/// dK/dV store (`ITEM_OVERHEAD_TILES`), a forward tile's union size plus 1.
 fn sm90_balance(
     layout: &msa_plan::VarlenLayout,
     topk: &[i32],

@@ -144,15 +144,13 @@ pub type MsaWalk = ::std::os::raw::c_uint;
 pub const MSA_KV_ITEM_QUERIES: MsaSm90Work = 512;
 #[doc = " CSR entries per backward tile: an item costs its tiles"]
 pub const MSA_KV_TILE_QUERIES: MsaSm90Work = 4;
-#[doc = " an item's K/V load and dK/dV store, in tiles, in the\ndeterministic order's estimated timeline"]
-pub const MSA_ITEM_OVERHEAD_TILES: MsaSm90Work = 2;
 #[doc = " consecutive packed queries per forward tile"]
 pub const MSA_FWD_TILE_QUERIES: MsaSm90Work = 8;
 #[doc = " costs the run order tells apart (0..128; more share 128)"]
 pub const MSA_LPT_BINS: MsaSm90Work = 129;
 #[doc = " bands of a head's queries that break the backward run\norder's cost ties (4 heads x 32 < MSA_LPT_BINS)"]
 pub const MSA_ITEM_QUERY_BANDS: MsaSm90Work = 32;
-#[doc = " The work lists of the persistent sm_90a kernels (msa_plan::backward::kv_items and kv_order,\n msa_plan::tiles, msa_plan::lpt)."]
+#[doc = " The work lists of the persistent sm_90a kernels (msa_plan::backward::kv_items,\n msa_plan::tiles, msa_plan::lpt)."]
 pub type MsaSm90Work = ::std::os::raw::c_uint;
 #[doc = " The packed varlen layout of one call, uploaded once per layout (msa::cuda::DeviceLayout).\n Fragment b: first = fragment_first[b], k_base = cu_seqlens_k[first],\n k_len = cu_seqlens_k[b+1] - k_base, q_len = cu_seqlens_q[b+1] - cu_seqlens_q[b];\n local query i sits at document position k_len - q_len + i."]
 #[repr(C)]
@@ -714,22 +712,22 @@ unsafe extern "C" {
         params: *const MsaAttnFwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the\n main kernel's fragment order, attention/dq_fragments.cuh), the\n work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the\n dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned\n (P = varlen.padded_kv_blocks)."]
+    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the\n main kernel's fragment order, attention/dq_fragments.cuh), the work items, their rows by id\n [4 P + ceil(64 T / 512)] int4 each, the order, position and band scratch [the same] i32 each,\n split slots and split parts [4, P] i32 each, counts [2] i32 and the dK/dV accumulators of split\n rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned (P = varlen.padded_kv_blocks)."]
     pub fn msa_attn_backward_sm90_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability\n 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR\n (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:\n zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR\n entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one\n persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not\n bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the dK/dV finisher\n (grid (P, 4), 128 threads); the dQ cast (grid 2 T, 256 threads). Reads q, k, v, dout, lse,\n delta, varlen, phys_row_ptr, phys_q_indices, phys_valid."]
+    #[doc = " dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability\n 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR\n (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:\n zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR\n entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one\n persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not\n bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the epilogue (one\n launch of 256 threads: the dK/dV finisher, two (block, group) rows a CTA, and the dQ cast). Reads q, k, v, dout, lse,\n delta, varlen, phys_row_ptr, phys_q_indices, phys_valid."]
     pub fn msa_attn_backward_sm90(
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then slot\n semaphores [floor(64 T / 513)] i32, item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32\n each, block bounds [4, P, 2] f32 and the dQ grid [T, 64] f32 (about 2.2 bytes per CSR entry\n more)."]
+    #[doc = " Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90 with the dK/dV\n accumulators as parts, one per item of a split row [floor(64 T / 256), 2, 128, 128] f32 (twice\n the slots), then block bounds [4, P, 2] f32 and the dQ grid [T, 64] f32."]
     pub fn msa_attn_backward_sm90_det_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). Also reads topk and dout_norm. After the item build it zeroes the slot\n semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ\n row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from\n dout_norm, delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ\n contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each\n split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.\n Graph-capturable, no host synchronization."]
+    #[doc = " msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same\n device, same number of SMs). Also reads topk and dout_norm. After the item build it builds each dQ\n row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from\n dout_norm, delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ\n contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and stores each\n item of a split row's dK/dV in a part of its own; the epilogue sums a row's parts in id order.\n No slot zeroing, no wait between CTAs.\n Graph-capturable, no host synchronization."]
     pub fn msa_attn_backward_sm90_det(
         params: *const MsaAttnBwdParams,
         stream: *mut ::std::os::raw::c_void,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use msa_plan::backward::{abi, kv_items, kv_order, walk};
+use msa_plan::backward::{abi, kv_items, walk};
 use msa_plan::{csr, lpt, schedule, tiles, topk, topology};
 
 /// Every integer constant of abi.h with its mirror.
@@ -75,11 +75,7 @@ fn mirrors() -> Vec<(&'static str, i64)> {
         ("MSA_ROWS_PER_CTA_LARGE", walk::ROWS_PER_CTA_LARGE as i64),
         ("MSA_MIN_TAIL_ROWS", walk::MIN_TAIL_ROWS as i64),
         ("MSA_KV_ITEM_QUERIES", kv_items::KV_ITEM_QUERIES as i64),
-        ("MSA_KV_TILE_QUERIES", kv_order::TILE_QUERIES as i64),
-        (
-            "MSA_ITEM_OVERHEAD_TILES",
-            kv_order::ITEM_OVERHEAD_TILES as i64,
-        ),
+        ("MSA_KV_TILE_QUERIES", kv_items::TILE_QUERIES as i64),
         ("MSA_FWD_TILE_QUERIES", tiles::TILE_QUERIES as i64),
         ("MSA_LPT_BINS", lpt::LPT_BINS as i64),
         ("MSA_ITEM_QUERY_BANDS", kv_items::ITEM_QUERY_BANDS as i64),

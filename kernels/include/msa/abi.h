@@ -113,13 +113,11 @@ enum MsaWalk {
     MSA_MIN_TAIL_ROWS = 3           /* shorter tails fall back to plain rows_per_cta chunks */
 };
 
-/* The work lists of the persistent sm_90a kernels (msa_plan::backward::kv_items and kv_order,
+/* The work lists of the persistent sm_90a kernels (msa_plan::backward::kv_items,
  * msa_plan::tiles, msa_plan::lpt). */
 enum MsaSm90Work {
     MSA_KV_ITEM_QUERIES = 512,   /* most CSR entries (selecting queries) per backward item */
     MSA_KV_TILE_QUERIES = 4,     /* CSR entries per backward tile: an item costs its tiles */
-    MSA_ITEM_OVERHEAD_TILES = 2, /* an item's K/V load and dK/dV store, in tiles, in the
-                                    deterministic order's estimated timeline */
     MSA_FWD_TILE_QUERIES = 8,    /* consecutive packed queries per forward tile */
     MSA_LPT_BINS = 129,          /* costs the run order tells apart (0..128; more share 128) */
     MSA_ITEM_QUERY_BANDS = 32    /* bands of a head's queries that break the backward run

@@ -91,10 +91,10 @@ typedef struct MsaAttnBwdParams {
     size_t workspace_bytes;
 } MsaAttnBwdParams;
 /* Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the
- * main kernel's fragment order, attention/dq_fragments.cuh), the
- * work items [4 P + ceil(64 T / 512)] int4, split slots [4, P] i32, counts [2] i32 and the
- * dK/dV accumulators of split rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned
- * (P = varlen.padded_kv_blocks). */
+ * main kernel's fragment order, attention/dq_fragments.cuh), the work items, their rows by id
+ * [4 P + ceil(64 T / 512)] int4 each, the order, position and band scratch [the same] i32 each,
+ * split slots and split parts [4, P] i32 each, counts [2] i32 and the dK/dV accumulators of split
+ * rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned (P = varlen.padded_kv_blocks). */
 int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 /* dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability
  * 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR
@@ -102,22 +102,21 @@ int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR
  * entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one
  * persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not
- * bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the dK/dV finisher
- * (grid (P, 4), 128 threads); the dQ cast (grid 2 T, 256 threads). Reads q, k, v, dout, lse,
+ * bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the epilogue (one
+ * launch of 256 threads: the dK/dV finisher, two (block, group) rows a CTA, and the dQ cast). Reads q, k, v, dout, lse,
  * delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
 int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
-/* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90, then slot
- * semaphores [floor(64 T / 513)] i32, item starts and dK/dV ranks [4 P + ceil(64 T / 512)] i32
- * each, block bounds [4, P, 2] f32 and the dQ grid [T, 64] f32 (about 2.2 bytes per CSR entry
- * more). */
+/* Workspace bytes of msa_attn_backward_sm90_det: those of msa_attn_backward_sm90 with the dK/dV
+ * accumulators as parts, one per item of a split row [floor(64 T / 256), 2, 128, 128] f32 (twice
+ * the slots), then block bounds [4, P, 2] f32 and the dQ grid [T, 64] f32. */
 int msa_attn_backward_sm90_det_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 /* msa_attn_backward_sm90 in deterministic mode: dq, dk, dv bitwise repeatable (same inputs, same
- * device, same number of SMs). Also reads topk and dout_norm. After the item build it zeroes the slot
- * semaphores, builds the dK/dV order (attention/backward_order.cuh: two kernels) and each dQ
+ * device, same number of SMs). Also reads topk and dout_norm. After the item build it builds each dQ
  * row's grid (attention/backward_det_grid.cuh: |K|, |V| bounds per block, then per row from
  * dout_norm, delta and the selected blocks); the main kernel (the same one, kDet) rounds each dQ
- * contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and adds each
- * split row's dK/dV partials in the fixed order under semaphores; no slot zeroing.
+ * contribution to its row's grid, so the fp32 reduce-adds are exact in any order, and stores each
+ * item of a split row's dK/dV in a part of its own; the epilogue sums a row's parts in id order.
+ * No slot zeroing, no wait between CTAs.
  * Graph-capturable, no host synchronization. */
 int msa_attn_backward_sm90_det(const MsaAttnBwdParams* params, void* stream);
 

@@ -13,7 +13,7 @@
 // The rounding moves a contribution by at most 2^(e - 1) <= B 2^-23, far below the bf16 output's
 // half ulp for any element near the bound. e >= -126 keeps every multiple a normal number (no
 // flush to zero in the reduce-add); a non-finite bound gives a NaN step, which carries into dQ.
-// dK and dV need no grid: their split rows add in a fixed order (backward_order.cuh).
+// dK and dV need no grid: a split row keeps a part per item, summed in id order by the epilogue.
 #pragma once
 
 #include <cstdint>

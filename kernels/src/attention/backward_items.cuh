@@ -26,20 +26,21 @@ static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the sta
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each
-// position, position [capacity] = the position of each id; split_slot [4, P]; counts [2] =
-// (items, slots); by_band [capacity] scratch (the ids in band order). Internal linkage, as every
-// header kernel.
+// position, position [capacity] = the position of each id; split_slot [4, P]; split_part [4, P]
+// = a split row's first part (the deterministic mode's dK/dV partials: one per item of a split
+// row, numbered in id order), else -1; counts [2] = (items, slots); by_band [capacity] scratch
+// (the ids in band order). Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
                           int blocks, int total_q, int capacity, int grid, int4* __restrict__ rows_out,
                           int4* __restrict__ items, int32_t* __restrict__ order, int32_t* __restrict__ position,
-                          int32_t* __restrict__ split_slot, int32_t* __restrict__ counts,
-                          int32_t* __restrict__ by_band) {
+                          int32_t* __restrict__ split_slot, int32_t* __restrict__ split_part,
+                          int32_t* __restrict__ counts, int32_t* __restrict__ by_band) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
     const int rows = kGroups * blocks;
-    int item_base = 0, slot_base = 0;
+    int item_base = 0, slot_base = 0, part_base = 0;
     for (int chunk = 0; chunk < rows; chunk += kItemBuildThreads) {
         const int r = chunk + threadIdx.x;
         int lo = 0, hi = 0;
@@ -52,12 +53,14 @@ __global__ void __launch_bounds__(kItemBuildThreads)
         const int len = hi - lo;
         const int n = (len + kKvItemQueries - 1) / kKvItemQueries;
         const int split = len > kKvItemQueries ? 1 : 0;
-        int n_total, s_total;
+        int n_total, s_total, p_total;
         const int at = item_base + block_exclusive_scan<kItemBuildThreads>(scan, n, n_total);
         const int slot = slot_base + block_exclusive_scan<kItemBuildThreads>(scan, split, s_total);
+        const int part = part_base + block_exclusive_scan<kItemBuildThreads>(scan, split ? n : 0, p_total);
         if (r < rows) {
             const int head = r / blocks, block = r - head * blocks;
             split_slot[r] = split ? slot : -1;
+            split_part[r] = split ? part : -1;
             for (int i = 0; i < n; ++i) {
                 const int begin = lo + i * kKvItemQueries;
                 rows_out[at + i] = make_int4(head, block, begin, min(hi, begin + kKvItemQueries));
@@ -65,6 +68,7 @@ __global__ void __launch_bounds__(kItemBuildThreads)
         }
         item_base += n_total;
         slot_base += s_total;
+        part_base += p_total;
     }
     __syncthreads();  // every row of rows_out written (read back below by other threads)
     const int64_t edges = static_cast<int64_t>(total_q) * kTopK;

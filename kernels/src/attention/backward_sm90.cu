@@ -2,9 +2,9 @@
 // msa_attn_backward_sm90_det): the device item build, the KV-outer main kernel and the epilogue
 // of attention/backward_sm90.cuh (the dK/dV finisher beside the dQ cast of
 // attention/dq_fragments.cuh), with the dQ accumulator zeroed first; the deterministic mode
-// builds its dQ grid (attention/backward_det_grid.cuh) and the dK/dV order of
-// attention/backward_order.cuh in between. Compute
-// capability 9.0 only: other devices take the mma.sync backward.
+// builds its dQ grid (attention/backward_det_grid.cuh) in between and keeps one dK/dV part per
+// item of a split row, summed in id order by the epilogue. Compute capability 9.0 only: other
+// devices take the mma.sync backward.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -15,7 +15,6 @@
 #include "common/launch.cuh"
 #include "attention/backward_det_grid.cuh"
 #include "attention/backward_items.cuh"
-#include "attention/backward_order.cuh"
 #include "attention/backward_sm90.cuh"
 #include "attention/dq_fragments.cuh"
 
@@ -23,10 +22,10 @@ namespace msa::bwd90 {
 namespace {
 
 // msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
-// mode adds the slot semaphores (zeroed), the order tables and the dQ grid.
+// mode keeps a dK/dV part per item of a split row instead of a slot per row, and adds the dQ grid.
 struct Workspace {
-    size_t dq_accum, items, rows, order, position, by_band, split_slot, counts, dkv_acc, bytes;
-    size_t dkv_sem, item_start, dkv_rank, kv_bound, dq_step;
+    size_t dq_accum, items, rows, order, position, by_band, split_slot, split_part, counts, dkv_acc, bytes;
+    size_t kv_bound, dq_step;
     int item_capacity;
 };
 
@@ -36,7 +35,10 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     const size_t edges = kGroups * t * kTopK;
     Workspace w;
     w.item_capacity = static_cast<int>(kGroups * p + (edges + kKvItemQueries - 1) / kKvItemQueries);
-    const size_t slots = edges / (kKvItemQueries + 1);
+    // A split row has more than kKvItemQueries entries, so it has fewer than
+    // 2 len / kKvItemQueries items: fewer slots than edges / (kKvItemQueries + 1), fewer parts
+    // than edges / (kKvItemQueries / 2).
+    const size_t slots = det ? edges / (kKvItemQueries / 2) : edges / (kKvItemQueries + 1);
     w.dq_accum = 0;
     w.items = align(t * kHeads * kHeadDim * sizeof(float));
     w.rows = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
@@ -44,15 +46,13 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.position = w.order + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.by_band = w.position + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.split_slot = w.by_band + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
-    w.counts = w.split_slot + align(kGroups * p * sizeof(int32_t));
+    w.split_part = w.split_slot + align(kGroups * p * sizeof(int32_t));
+    w.counts = w.split_part + align(kGroups * p * sizeof(int32_t));
     w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
-    w.dkv_sem = w.item_start = w.dkv_rank = w.kv_bound = w.dq_step = w.bytes;
+    w.kv_bound = w.dq_step = w.bytes;
     if (det) {
-        w.dkv_sem = w.bytes;
-        w.item_start = w.dkv_sem + align(slots * sizeof(int32_t));
-        w.dkv_rank = w.item_start + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
-        w.kv_bound = w.dkv_rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+        w.kv_bound = w.bytes;
         w.dq_step = w.kv_bound + align(kGroups * p * 2 * sizeof(float));
         w.bytes = w.dq_step + align(t * kHeads * sizeof(float));
     }
@@ -71,6 +71,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     int32_t* order = reinterpret_cast<int32_t*>(base + w.order);
     int32_t* position = reinterpret_cast<int32_t*>(base + w.position);
     int32_t* split_slot = reinterpret_cast<int32_t*>(base + w.split_slot);
+    int32_t* split_part = reinterpret_cast<int32_t*>(base + w.split_part);
     int32_t* counts = reinterpret_cast<int32_t*>(base + w.counts);
     float* dkv_acc = reinterpret_cast<float*>(base + w.dkv_acc);
     int sms = 0;
@@ -80,21 +81,12 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     const int grid = backward_grid(w.item_capacity, sms);
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    a.phys_q_indices, vl.padded_kv_blocks, vl.total_q, w.item_capacity, grid,
-                   reinterpret_cast<int4*>(base + w.rows), items, order, position, split_slot, counts,
+                   reinterpret_cast<int4*>(base + w.rows), items, order, position, split_slot, split_part, counts,
                    reinterpret_cast<int32_t*>(base + w.by_band)));
     Params p{};
     if constexpr (kDet) {
-        int32_t* item_start = reinterpret_cast<int32_t*>(base + w.item_start);
-        int32_t* dkv_rank = reinterpret_cast<int32_t*>(base + w.dkv_rank);
         float* kv_bound = reinterpret_cast<float*>(base + w.kv_bound);
         float* dq_step = reinterpret_cast<float*>(base + w.dq_step);
-        MSA_TRY(cudaMemsetAsync(base + w.dkv_sem, 0, w.item_start - w.dkv_sem, stream));
-        MSA_TRY(launch(backward_order_start_kernel, dim3(1), dim3(kOrderThreads), stream,
-                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts), grid, item_start));
-        MSA_TRY(launch(backward_order_dkv_kernel, dim3(4 * sms), dim3(kOrderThreads), stream,
-                       static_cast<const int4*>(items), static_cast<const int32_t*>(counts),
-                       static_cast<const int32_t*>(order), static_cast<const int32_t*>(position),
-                       static_cast<const int32_t*>(item_start), a.phys_row_ptr, vl.padded_kv_blocks, grid, dkv_rank));
         if (vl.padded_kv_blocks > 0)
             MSA_TRY(launch(backward_kv_bound_kernel, dim3(vl.padded_kv_blocks, kGroups), dim3(kBoundThreads), stream,
                            a.k, a.v, a.phys_row_ptr, vl, kv_bound));
@@ -104,8 +96,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
                            dim3(kStepThreads), stream, a.dout_norm, a.delta, a.topk,
                            static_cast<const float*>(kv_bound), vl, dq_step));
         p.dq_step = dq_step;
-        p.dkv_rank = dkv_rank;
-        p.dkv_sem = reinterpret_cast<int32_t*>(base + w.dkv_sem);
+        p.split_part = split_part;
     } else {
         MSA_TRY(launch(backward_zero_slots_kernel, dim3(4 * sms), dim3(256), stream,
                        static_cast<const int32_t*>(counts), reinterpret_cast<float4*>(dkv_acc)));
@@ -127,7 +118,8 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     const unsigned n_finish = finish_ctas(vl.padded_kv_blocks), n_cast = dq_cast_ctas(vl.total_q);
     if (n_finish + n_cast == 0) return cudaSuccess;
     return launch(backward_epilogue_kernel, dim3(n_finish + n_cast), dim3(kCastThreads), stream, a.phys_row_ptr,
-                  static_cast<const int32_t*>(split_slot), static_cast<const float*>(dkv_acc), vl,
+                  static_cast<const int32_t*>(split_slot), kDet ? static_cast<const int32_t*>(split_part) : nullptr,
+                  static_cast<const float*>(dkv_acc), vl,
                   !backward_launches(w.item_capacity, vl.total_q), a.dk, a.dv, n_finish,
                   static_cast<const float*>(dq_accum), a.dq);
 }

@@ -13,17 +13,17 @@
 //                                      added into the fp32 dQ accumulator with one bulk
 //                                      reduce-add of 8 KiB per query.
 // At the item's end a block whose whole CSR row is this item writes dK, dV in bf16; a block whose
-// row is split over several items adds them into its fp32 slot of `dkv_acc`, and
-// backward_epilogue_kernel casts those. The blocks nobody selected get their zeros from the
+// row is split over several items adds them into its fp32 slot of `dkv_acc` (kDet: stores them in
+// a part of its own), and backward_epilogue_kernel casts those (kDet: sums a row's parts in order). The blocks nobody selected get their zeros from the
 // producer warpgroup's two otherwise idle warps while the consumers compute (on a long document
 // that is most of dK, dV: 388 MB on a 189K-key rank, 0.12 ms as a pass of its own).
 // A producer warp loads K and V per item and Q, dO (tensor boxes of one query's 16 heads; a
 // missing query loads zeros) and the lse / delta rows per tile into a 2-stage ring.
 // Deterministic mode (kDet, the same kernel): each dQ contribution is rounded to its row's grid
 // (attention/backward_det_grid.cuh), so the reduce-adds are exact and their order cannot matter;
-// each split row's dK/dV slot accumulates in the fixed order of attention/backward_order.cuh
-// (a semaphore per slot; its comment argues deadlock freedom), the first contribution storing
-// instead of adding (no zeroing).
+// each item of a split row stores its dK/dV in a part of its own, and the epilogue adds a row's
+// parts in id order: nothing waits on another CTA (an ordered chain of adds into one slot per row
+// cost 1.09x on recent16 and 1.13x on spread, run 56).
 #pragma once
 
 #include <cstdint>
@@ -35,11 +35,10 @@
 #include "common/varlen.cuh"
 #include "common/sm90/arch.cuh"
 #include "common/sm90/barrier.cuh"
-#include "common/sm90/semaphore.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
 #include "attention/backward_det_grid.cuh"
-#include "attention/backward_order.cuh"
+#include "attention/backward_items.cuh"
 #include "attention/dq_fragments.cuh"
 
 namespace msa::bwd90 {
@@ -108,13 +107,12 @@ struct Params {
     const int32_t* phys_row_ptr;  // [4, P + 1]: an empty row (nobody selected the block) gets zeros
     MsaVarlen varlen;
     float* dq_accum;  // [T, 4, 2048]: attention/dq_fragments.cuh
-    float* dkv_acc;   // [slots, 2, 128 keys, 128 d]: dK, dV of split rows (zeroed)
+    float* dkv_acc;   // [slots, 2, 128 keys, 128 d]: dK, dV of split rows (zeroed); kDet: [parts, ...]
     uint16_t* dk;     // [Tk, 4, 128]
     uint16_t* dv;
-    // kDet only (attention/backward_det_grid.cuh, attention/backward_order.cuh):
-    const float* dq_step;     // [T, 64]: the grid of each dQ row's contributions
-    const int32_t* dkv_rank;  // [items]: rank of an item's dK/dV addition in its split row
-    int32_t* dkv_sem;         // [slots]: additions done per split row's slot (zeroed)
+    // kDet only (attention/backward_det_grid.cuh, attention/backward_items.cuh):
+    const float* dq_step;       // [T, 64]: the grid of each dQ row's contributions
+    const int32_t* split_part;  // [4, P]: a split row's first part in dkv_acc, else -1
 };
 
 #if MSA_SM90A_ENABLED
@@ -173,7 +171,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int c = 2 * (lane & 3);
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
-    const bool issuer = threadIdx.x == 128;  // issues the dQ reductions (kDet: orders dK/dV adds)
+    const bool issuer = threadIdx.x == 128;  // issues the dQ reductions
     const int head = lane >> 2;               // dQ rows head and head + 8 of query slot `warp`
     const int n_items = p.counts[0];
     int item_it = 0, tile_it = 0;
@@ -337,50 +335,11 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
         // dK, dV of this thread's two keys (rows past the block's keys skipped).
         const BlockKeys bk = block_keys(p.varlen, pb);
         const int slot = p.split_slot[g * p.varlen.padded_kv_blocks + pb];
+        int64_t acc_row = slot;  // kDet: this item's part of its split row (ids consecutive from the first)
         if constexpr (kDet) {
-            if (slot >= 0) {
-                // The split row's items add in rank order: rank 0 stores, the others add to what
-                // the lower ranks left (read from L2: this SM's L1 may hold an older copy).
-                const int rank = p.dkv_rank[it];
-                int32_t* sem = p.dkv_sem + slot;
-                if (issuer) {
-                    spin_at_least(sem, ld_relaxed_gpu(sem), rank);
-                    fence_acq_rel_gpu();
-                }
-                consumers_sync();
-                // Eight loads in flight per batch: a load after a store to the slot would wait
-                // for an L2 round trip per element (32 per thread, ~11 us an item, run 53).
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int key = key0 + 8 * r;
-                    if (key >= bk.count) continue;
-                    float2* acc = reinterpret_cast<float2*>(p.dkv_acc + ((static_cast<int64_t>(slot) * 2 * kBlock) + key) * kHeadDim + c);
-#pragma unroll
-                    for (int i0 = 0; i0 < 16; i0 += 4) {
-                        float2 a0[4], b0[4];
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            a0[i] = b0[i] = make_float2(0.f, 0.f);
-                            if (rank > 0) {
-                                a0[i] = __ldcg(acc + 4 * (i0 + i));
-                                b0[i] = __ldcg(acc + kBlock * kHeadDim / 2 + 4 * (i0 + i));
-                            }
-                        }
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const int x = 4 * (i0 + i) + 2 * r;
-                            acc[4 * (i0 + i)] = make_float2(a0[i].x + dk[x], a0[i].y + dk[x + 1]);
-                            acc[kBlock * kHeadDim / 2 + 4 * (i0 + i)] = make_float2(b0[i].x + dv[x], b0[i].y + dv[x + 1]);
-                        }
-                    }
-                }
-                consumers_sync();  // every thread's stores precede the release
-                if (issuer) {
-                    fence_acq_rel_gpu();
-                    st_relaxed_gpu(sem, rank + 1);
-                }
-                continue;
-            }
+            if (slot >= 0)
+                acc_row = p.split_part[g * p.varlen.padded_kv_blocks + pb] +
+                          (item.z - p.phys_row_ptr[g * (p.varlen.padded_kv_blocks + 1) + pb]) / kKvItemQueries;
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -394,12 +353,18 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
                     *reinterpret_cast<uint32_t*>(p.dv + base + 8 * i) = pack_bf16(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
                 }
             } else {
-                float* acc = p.dkv_acc + ((static_cast<int64_t>(slot) * 2 * kBlock) + key) * kHeadDim + c;
+                float* acc = p.dkv_acc + (acc_row * 2 * kBlock + key) * kHeadDim + c;
 #pragma unroll
                 for (int i = 0; i < 16; ++i) {
-                    atomicAdd(reinterpret_cast<float2*>(acc + 8 * i), make_float2(dk[4 * i + 2 * r], dk[4 * i + 2 * r + 1]));
-                    atomicAdd(reinterpret_cast<float2*>(acc + kBlock * kHeadDim + 8 * i),
-                              make_float2(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]));
+                    const float2 kx = make_float2(dk[4 * i + 2 * r], dk[4 * i + 2 * r + 1]);
+                    const float2 vx = make_float2(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+                    if constexpr (kDet) {
+                        __stcg(reinterpret_cast<float2*>(acc + 8 * i), kx);
+                        __stcg(reinterpret_cast<float2*>(acc + kBlock * kHeadDim + 8 * i), vx);
+                    } else {
+                        atomicAdd(reinterpret_cast<float2*>(acc + 8 * i), kx);
+                        atomicAdd(reinterpret_cast<float2*>(acc + kBlock * kHeadDim + 8 * i), vx);
+                    }
                 }
             }
         }
@@ -542,27 +507,50 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Per (physical block pb, group g): a row split over items casts its dkv_acc slot to bf16; a row
-// owned by one item was written by it; an empty row (nobody selected the block) was zeroed by the
-// main kernel, or is zeroed here when `zero_empty` (the main kernel did not run: no query).
+__device__ __forceinline__ void add4(float4& a, const float4 b) {
+    a.x += b.x;
+    a.y += b.y;
+    a.z += b.z;
+    a.w += b.w;
+}
+
+// Per (physical block pb, group g): a row split over items casts its dkv_acc slot to bf16 (with
+// split_part, the deterministic mode: the sum of its items' parts, in id order); a row owned by
+// one item was written by it; an empty row (nobody selected the block) was zeroed by the main
+// kernel, or is zeroed here when `zero_empty` (the main kernel did not run: no query).
 // 128 threads (t = 0..127): 16 threads per key row (16 bytes of dK and dV each), 8 rows a pass.
 __device__ __forceinline__ void finish_dkv_row(const int32_t* __restrict__ phys_row_ptr,
-                                               const int32_t* __restrict__ split_slot, const float* __restrict__ dkv_acc,
+                                               const int32_t* __restrict__ split_slot,
+                                               const int32_t* __restrict__ split_part, const float* __restrict__ dkv_acc,
                                                const MsaVarlen& varlen, bool zero_empty, uint16_t* __restrict__ dk,
                                                uint16_t* __restrict__ dv, int pb, int g, int t) {
     const BlockKeys bk = block_keys(varlen, pb);
     const int32_t* row_ptr = phys_row_ptr + static_cast<int64_t>(g) * (varlen.padded_kv_blocks + 1);
-    const bool empty = row_ptr[pb + 1] == row_ptr[pb];
+    const int len = row_ptr[pb + 1] - row_ptr[pb];
+    const bool empty = len == 0;
     const int slot = split_slot[g * varlen.padded_kv_blocks + pb];
     if (empty ? !zero_empty : slot < 0) return;
+    int64_t first = slot;
+    int parts = 1;
+    if (split_part != nullptr && !empty) {
+        first = split_part[g * varlen.padded_kv_blocks + pb];
+        parts = (len + kKvItemQueries - 1) / kKvItemQueries;
+    }
     const int d = 8 * (t & 15);
     for (int key = t >> 4; key < bk.count; key += kBlock / 16) {
         uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
         if (!empty) {
-            const float* acc = dkv_acc + (static_cast<int64_t>(slot) * 2 * kBlock + key) * kHeadDim + d;
-            const float4 k0 = *reinterpret_cast<const float4*>(acc), k1 = *reinterpret_cast<const float4*>(acc + 4);
-            const float4 v0 = *reinterpret_cast<const float4*>(acc + kBlock * kHeadDim);
-            const float4 v1 = *reinterpret_cast<const float4*>(acc + kBlock * kHeadDim + 4);
+            const float* acc = dkv_acc + (first * 2 * kBlock + key) * kHeadDim + d;
+            float4 k0 = *reinterpret_cast<const float4*>(acc), k1 = *reinterpret_cast<const float4*>(acc + 4);
+            float4 v0 = *reinterpret_cast<const float4*>(acc + kBlock * kHeadDim);
+            float4 v1 = *reinterpret_cast<const float4*>(acc + kBlock * kHeadDim + 4);
+            for (int j = 1; j < parts; ++j) {  // in id order: the same sum on every run
+                const float* x = acc + static_cast<int64_t>(j) * 2 * kBlock * kHeadDim;
+                add4(k0, *reinterpret_cast<const float4*>(x));
+                add4(k1, *reinterpret_cast<const float4*>(x + 4));
+                add4(v0, *reinterpret_cast<const float4*>(x + kBlock * kHeadDim));
+                add4(v1, *reinterpret_cast<const float4*>(x + kBlock * kHeadDim + 4));
+            }
             kw = make_uint4(pack_bf16_host(k0.x, k0.y), pack_bf16_host(k0.z, k0.w), pack_bf16_host(k1.x, k1.y),
                             pack_bf16_host(k1.z, k1.w));
             vw = make_uint4(pack_bf16_host(v0.x, v0.y), pack_bf16_host(v0.z, v0.w), pack_bf16_host(v1.x, v1.y),
@@ -583,7 +571,8 @@ inline unsigned finish_ctas(int padded_kv_blocks) { return static_cast<unsigned>
 
 __global__ void __launch_bounds__(kCastThreads)
     backward_epilogue_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ split_slot,
-                             const float* __restrict__ dkv_acc, const MsaVarlen varlen, bool zero_empty,
+                             const int32_t* __restrict__ split_part, const float* __restrict__ dkv_acc,
+                             const MsaVarlen varlen, bool zero_empty,
                              uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, unsigned n_finish,
                              const float* __restrict__ dq_accum, uint16_t* __restrict__ dq) {
     if (blockIdx.x >= n_finish) {
@@ -593,7 +582,7 @@ __global__ void __launch_bounds__(kCastThreads)
     const int P = varlen.padded_kv_blocks;
     const int r = 2 * static_cast<int>(blockIdx.x) + static_cast<int>(threadIdx.x / kBlock);
     if (r < kGroups * P)
-        finish_dkv_row(phys_row_ptr, split_slot, dkv_acc, varlen, zero_empty, dk, dv, r % P, r / P,
+        finish_dkv_row(phys_row_ptr, split_slot, split_part, dkv_acc, varlen, zero_empty, dk, dv, r % P, r / P,
                        static_cast<int>(threadIdx.x % kBlock));
 }
 
@@ -607,8 +596,7 @@ __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, f
 
 }  // namespace
 
-// Persistent CTAs of the main kernel for `capacity` items on `sms` SMs (one per SM); the
-// deterministic order is built for this grid.
+// Persistent CTAs of the main kernel for `capacity` items on `sms` SMs (one per SM).
 inline int backward_grid(int capacity, int sms) { return capacity < sms ? capacity : sms; }
 
 // Whether launch_backward launches the main kernel (which zeroes the unselected dK/dV rows).
@@ -616,8 +604,7 @@ inline bool backward_launches(int capacity, int total_q) { return capacity > 0 &
 
 // Encodes the maps and launches backward_grid persistent CTAs (the item count is read on the
 // device). dq_accum accumulates and so does dkv_acc unless kDet (zero them first); delta =
-// rowsum(dout * out). kDet: the dQ grid of backward_det_grid.cuh, the dK/dV order of
-// backward_order.cuh built for this grid, its semaphores zeroed. Run backward_epilogue_kernel
+// rowsum(dout * out). kDet: the dQ grid of backward_det_grid.cuh. Run backward_epilogue_kernel
 // after it.
 template <bool kDet>
 inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,

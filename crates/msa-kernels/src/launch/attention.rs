@@ -76,9 +76,9 @@ pub fn backward_sm90_det_workspace_bytes(varlen: sys::MsaVarlen) -> Result<usize
 }
 
 /// [`backward_sm90`] in deterministic mode: every dQ contribution is rounded to its row's
-/// power-of-two grid so that the fp32 reduce-adds are exact in any order, and every split dK/dV
-/// row accumulates in a fixed order (semaphores), so dQ, dK, dV are bitwise repeatable on one
-/// device; `params.topk` must be set (the grid bounds each row over its selection); workspace
+/// power-of-two grid so that the fp32 reduce-adds are exact in any order, and every item of a
+/// split dK/dV row stores its part, summed in id order by the epilogue, so dQ, dK, dV are
+/// bitwise repeatable on one device; `params.topk` must be set (the grid bounds each row over its selection); workspace
 /// [`backward_sm90_det_workspace_bytes`]. Compute capability 9.0 only (an error elsewhere).
 ///
 /// # Safety

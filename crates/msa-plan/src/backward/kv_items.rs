@@ -2,7 +2,9 @@
 //! of the physical CSR (one (head, physical block) pair) cut into items of at most
 //! [`KV_ITEM_QUERIES`] consecutive entries; item ids count them in head-major, block-ascending
 //! order. A row cut into several items gets a slot of the fp32 dK/dV accumulator (slots numbered
-//! in the same order); a row that fits one item is written in bf16 by that item. The main kernel
+//! in the same order; the deterministic mode gives each of its items a part of its own instead,
+//! numbered in id order, and sums a row's parts in that order); a row that fits one item is
+//! written in bf16 by that item. The main kernel
 //! runs the items in the longest-first order of [`crate::lpt`] for its grid (position `p` on CTA
 //! `p % grid`), its cost ties broken by [`item_band`] instead of the id: items of equal cost run
 //! head by head and, within a head, by where their first query lies, so the items in flight
@@ -10,10 +12,17 @@
 //! a spread selection's neighbouring blocks share few queries). The device item build
 //! (`backward_items_kernel`) computes the same tables word for word.
 
-use super::kv_order::TILE_QUERIES;
 use crate::csr::PhysicalCsr;
 use crate::lpt::lpt_order;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
+
+/// CSR entries (queries) per tile of the main kernel (abi.h `MSA_KV_TILE_QUERIES`).
+pub const TILE_QUERIES: usize = 4;
+
+/// Persistent CTAs of the main kernel (`backward_grid`): one per SM, at most one per item slot.
+pub fn backward_grid(item_capacity: usize, sms: usize) -> usize {
+    item_capacity.min(sms)
+}
 
 /// Most CSR entries (selecting queries) one item takes: 128 tiles of 4 queries (abi.h
 /// `MSA_KV_ITEM_QUERIES`).
@@ -37,6 +46,11 @@ pub struct KvItems {
     pub split_slot: Vec<i32>,
     /// Slots in use.
     pub slots: usize,
+    /// `[4, P]`: the first dK/dV part of a row split over items (the deterministic mode: its items
+    /// hold parts `first..first + items`), else -1.
+    pub split_part: Vec<i32>,
+    /// Parts in use.
+    pub parts: usize,
 }
 
 /// Rows of `items` for P physical blocks and T queries: every row gives at most
@@ -48,6 +62,12 @@ pub fn kv_item_capacity(blocks: usize, total_q: usize) -> usize {
 /// Accumulator slots needed at most: a split row holds more than `KV_ITEM_QUERIES` entries.
 pub fn kv_slot_capacity(total_q: usize) -> usize {
     NUM_KV_HEADS * total_q * TOPK_BLOCKS / (KV_ITEM_QUERIES + 1)
+}
+
+/// Parts needed at most in the deterministic mode: a split row of `len > KV_ITEM_QUERIES` entries
+/// has `ceil(len / KV_ITEM_QUERIES) < len / (KV_ITEM_QUERIES / 2)` items.
+pub fn kv_part_capacity(total_q: usize) -> usize {
+    NUM_KV_HEADS * total_q * TOPK_BLOCKS / (KV_ITEM_QUERIES / 2)
 }
 
 /// Bands of a head's queries in the run order's tie key (abi.h `MSA_ITEM_QUERY_BANDS`).
@@ -71,13 +91,16 @@ pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
     let cap = kv_item_capacity(csr.blocks, csr.total_q);
     let mut rows = Vec::new();
     let mut split_slot = vec![-1i32; NUM_KV_HEADS * csr.blocks];
-    let mut slots = 0usize;
+    let mut split_part = vec![-1i32; NUM_KV_HEADS * csr.blocks];
+    let (mut slots, mut parts) = (0usize, 0usize);
     for head in 0..NUM_KV_HEADS {
         for block in 0..csr.blocks {
             let (lo, hi) = csr.row_range(head, block);
             if hi - lo > KV_ITEM_QUERIES {
                 split_slot[head * csr.blocks + block] = slots as i32;
+                split_part[head * csr.blocks + block] = parts as i32;
                 slots += 1;
+                parts += (hi - lo).div_ceil(KV_ITEM_QUERIES);
             }
             for begin in (lo..hi).step_by(KV_ITEM_QUERIES) {
                 let end = hi.min(begin + KV_ITEM_QUERIES);
@@ -114,6 +137,8 @@ pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
         position,
         split_slot,
         slots,
+        split_part,
+        parts,
     }
 }
 
@@ -156,9 +181,10 @@ mod tests {
         let k = build_kv_items(&csr, 7);
         assert!(k.count <= kv_item_capacity(csr.blocks, csr.total_q));
         assert!(k.slots <= kv_slot_capacity(csr.total_q));
+        assert!(k.parts <= kv_part_capacity(csr.total_q));
         assert!(k.items[k.count * 4..].iter().all(|&w| w == 0));
         let mut covered = 0usize;
-        let mut expect_slot = 0;
+        let (mut expect_slot, mut expect_part) = (0, 0);
         let mut at = 0;
         for head in 0..NUM_KV_HEADS {
             for block in 0..csr.blocks {
@@ -182,16 +208,19 @@ mod tests {
                 }
                 covered += hi - lo;
                 let slot = k.split_slot[head * csr.blocks + block];
+                let part = k.split_part[head * csr.blocks + block];
                 if hi - lo > KV_ITEM_QUERIES {
-                    assert_eq!(slot, expect_slot);
+                    assert_eq!((slot, part), (expect_slot, expect_part));
                     expect_slot += 1;
+                    expect_part += (hi - lo).div_ceil(KV_ITEM_QUERIES) as i32;
                 } else {
-                    assert_eq!(slot, -1);
+                    assert_eq!((slot, part), (-1, -1));
                 }
             }
         }
         assert_eq!(at, k.count);
         assert_eq!(expect_slot as usize, k.slots);
+        assert_eq!(expect_part as usize, k.parts);
         assert!(k.slots > 0, "the 4,096-token document's rows must split");
         let edges: usize = (0..NUM_KV_HEADS)
             .map(|h| {
@@ -247,5 +276,22 @@ mod tests {
         }
         assert_eq!(item_band(1, 6_143, 12_288), ITEM_QUERY_BANDS + 15);
         assert_eq!(item_band(1, 6_144, 12_288), ITEM_QUERY_BANDS + 16);
+    }
+
+    proptest::proptest! {
+        /// The capacities hold for any split of the `4·T·16` entries into rows.
+        #[test]
+        fn slot_and_part_capacities_bound_any_rows(
+            total_q in 1usize..64,
+            cuts in proptest::collection::vec(0.0f64..1.0, 1..40),
+        ) {
+            let edges = NUM_KV_HEADS * total_q * TOPK_BLOCKS;
+            let sum: f64 = cuts.iter().sum::<f64>().max(1e-9);
+            let lens: Vec<usize> = cuts.iter().map(|c| (c / sum * edges as f64) as usize).collect();
+            let split = lens.iter().filter(|&&l| l > KV_ITEM_QUERIES);
+            proptest::prop_assert!(split.clone().count() <= kv_slot_capacity(total_q));
+            let parts: usize = split.map(|l| l.div_ceil(KV_ITEM_QUERIES)).sum();
+            proptest::prop_assert!(parts <= kv_part_capacity(total_q));
+        }
     }
 }

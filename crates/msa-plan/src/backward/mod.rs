@@ -5,8 +5,8 @@
 //!   the per-CTA row interval) that the main kernel and the task build share.
 //! - [`abi`]: word indices, flags and fills of the task-build buffers (the device ABI).
 //! - [`task_build`]: the host mirror of the four task-build kernels, bit for bit.
-//! - [`kv_items`], [`kv_order`], [`det_grid`]: the sm_90a backward's work items, its
-//!   deterministic dK/dV order and dQ grid.
+//! - [`kv_items`], [`det_grid`]: the sm_90a backward's work items (with the deterministic mode's
+//!   dK/dV parts) and its deterministic dQ grid.
 //!
 //! Generalization: NeMo's "document" is a fragment here; its `document_workspace_starts` entry is
 //! the workspace start of the fragment's document, and `query_offsets = k_len − q_len` is added to
@@ -15,7 +15,6 @@
 pub mod abi;
 pub mod det_grid;
 pub mod kv_items;
-pub mod kv_order;
 pub mod schedule;
 pub mod task_build;
 pub mod walk;

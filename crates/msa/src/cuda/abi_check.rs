@@ -4,7 +4,7 @@
 //! compares the header with the same mirrors on hosts without CUDA.)
 
 use msa_kernels::sys;
-use msa_plan::backward::{abi, kv_items, kv_order, walk};
+use msa_plan::backward::{abi, kv_items, walk};
 use msa_plan::{csr, lpt, schedule, tiles, topk, topology};
 
 /// `sys::$c` (an `abi.h` constant) equals the Rust mirror `$rust`.
@@ -98,7 +98,6 @@ same!(MSA_MIN_TAIL_ROWS, walk::MIN_TAIL_ROWS);
 
 // The persistent sm_90a kernels' work lists.
 same!(MSA_KV_ITEM_QUERIES, kv_items::KV_ITEM_QUERIES);
-same!(MSA_KV_TILE_QUERIES, kv_order::TILE_QUERIES);
-same!(MSA_ITEM_OVERHEAD_TILES, kv_order::ITEM_OVERHEAD_TILES);
+same!(MSA_KV_TILE_QUERIES, kv_items::TILE_QUERIES);
 same!(MSA_FWD_TILE_QUERIES, tiles::TILE_QUERIES);
 same!(MSA_LPT_BINS, lpt::LPT_BINS);

@@ -51,9 +51,9 @@ pub enum BackwardPath {
     /// capability 9.0 only). dQ is reduced in arrival order: not bitwise repeatable.
     Sm90,
     /// `msa_attn_backward_sm90_det`: the same kernel with each dQ contribution rounded to its
-    /// row's power-of-two grid (exact fp32 sums in any order) and split dK/dV rows accumulated
-    /// in a fixed order (semaphores): bitwise repeatable on one device (compute capability 9.0
-    /// only).
+    /// row's power-of-two grid (exact fp32 sums in any order) and each item of a split dK/dV row
+    /// kept in a part of its own, the parts summed in id order: bitwise repeatable on one device
+    /// (compute capability 9.0 only).
     Deterministic,
     /// The sm_80 backward: device task build, KV-parallel main kernel with fp32 atomics, bf16
     /// postprocess. Not bitwise repeatable.
