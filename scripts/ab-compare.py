@@ -13,9 +13,10 @@ def load(path):
         r = json.loads(line)
         if r.get("record") != "case":
             continue
-        order.append(r["case"])
+        case = f"{r['case']} {r.get('pattern', '')}".strip()  # one file may hold several patterns
+        order.append(case)
         for s in r["stages"]:
-            rows[(r["case"], s["stage"])] = s
+            rows[(case, s["stage"])] = s
     return rows, order
 
 
@@ -23,7 +24,7 @@ def main():
     old, _ = load(sys.argv[1])
     new, order = load(sys.argv[2])
     stages = sys.argv[3:] or sorted({s for _, s in new if s != "prepare"})
-    print("case".ljust(26) + "".join(f"{s:>30}" for s in stages))
+    print("case".ljust(34) + "".join(f"{s:>30}" for s in stages))
     for case in order:
         cells = []
         for s in stages:
@@ -33,7 +34,7 @@ def main():
                 continue
             ratio = a["median_ms"] / b["median_ms"]
             cells.append(f"{a.get('useful_tflops', 0):8.1f} -> {b.get('useful_tflops', 0):6.1f} ({ratio:5.3f}x)")
-        print(case.ljust(26) + "".join(f"{c:>30}" for c in cells))
+        print(case.ljust(34) + "".join(f"{c:>30}" for c in cells))
 
 
 if __name__ == "__main__":
