@@ -17,6 +17,7 @@
 # and msa (variants-bench.sh's layout; the torch job always tests target/wheels). FINAL_FLEX_EXACT=N
 # adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
 # with its ratio to msa bench's time and their weighted aggregates (scripts/bench_peers.py).
+# The timings run under scripts/device/clocks.sh (SM clock, power, temperature every 100 ms).
 # Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
 R="$PWD"; b="$R/.gpu-bundle"; suite="$R/${FINAL_SUITE:-.gpu-bundle}"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
@@ -24,14 +25,16 @@ mkdir -p "$OUT/f"; F="$OUT/f"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ -z "${FINAL_SKIP_TIMING:-}" ]; then
 echo "=== bench (dev suite)"
-(cd "$b" && timeout 120 ./msa bench --suite ../data/cases/dev_bench.json --pattern recent16 \
-   --stages prepare,forward,backward,backward_det --warmup 1 --iters 5 --json "$F/bench.jsonl" > "$F/bench.log" 2>&1; echo "rc=$?")
+(cd "$b" && bash "$R/scripts/device/clocks.sh" "$F/clocks-bench.csv" timeout 120 ./msa bench --suite ../data/cases/dev_bench.json \
+   --pattern recent16 --stages prepare,forward,backward,backward_det --warmup 1 --iters 5 --json "$F/bench.jsonl" \
+   > "$F/bench.log" 2>&1; echo "rc=$?")
 sed -n '/^summary/,$p' "$F/bench.log"; grep -E "prepare as %" "$F/bench.log"
 if [ -n "${FINAL_PATTERNS:-}" ]; then
 echo "=== bench (dev suite, $FINAL_PATTERNS)"
-(cd "$b" && timeout "${FINAL_PATTERN_LIMIT:-240}" ./msa bench --suite ../data/cases/dev_bench.json --pattern "$FINAL_PATTERNS" \
+(cd "$b" && bash "$R/scripts/device/clocks.sh" "$F/clocks-patterns.csv" timeout "${FINAL_PATTERN_LIMIT:-240}" ./msa bench \
+   --suite ../data/cases/dev_bench.json --pattern "$FINAL_PATTERNS" \
    --stages "${FINAL_PATTERN_STAGES:-forward,forward_sm80,backward,backward_det}" --warmup 1 --iters 3 --json "$F/patterns.jsonl" > "$F/patterns.log" 2>&1; echo "rc=$?")
-sed -n '/^summary/,/^prepare as/p' "$F/patterns.log" | grep -E "^  [a-z0-9]+ +(forward|backward)"
+sed -n '/^summary/,/^prepare as/p' "$F/patterns.log" | grep -E "^  [a-z0-9]+ +(forward|backward)"; grep -h "^clocks:" "$F/patterns.log"
 fi
 echo "=== peers"
 fx="${FINAL_FLEX_EXACT:-0}"; fl=$((60 + (fx < 0 ? 32 : fx) * 8))

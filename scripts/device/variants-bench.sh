@@ -7,6 +7,7 @@
 #   VAR_NAMES="base A B" VAR_STAGES=backward,backward_det bash scripts/device/variants-bench.sh
 # (VAR_M5=0 skips M5; VAR_PATTERN=recent16,spread times those patterns, VAR_ITERS the calls per
 # median, 5 by default.)
+# Each bench runs under scripts/device/clocks.sh (clocks and power logged beside it).
 # Logs and JSON in $OUT/var.tgz (scripts/ab-compare.py OLD NEW prints per-row ratios).
 set -uo pipefail
 R="$PWD"; F="$OUT/var"; mkdir -p "$F"
@@ -23,11 +24,13 @@ round=0
 for order in "${orders[@]}"; do
   round=$((round + 1))
   for v in $order; do
-    (cd "$R/.gpu-bundle/var/$v" && timeout "${VAR_LIMIT:-150}" ./msa bench --suite "$R/data/cases/dev_bench.json" \
+    (cd "$R/.gpu-bundle/var/$v" && bash "$R/scripts/device/clocks.sh" "$F/clocks-$v-$round.csv" \
+       timeout "${VAR_LIMIT:-150}" ./msa bench --suite "$R/data/cases/dev_bench.json" \
        --pattern "${VAR_PATTERN:-recent16}" --stages "$stages" --warmup 1 --iters "${VAR_ITERS:-5}" \
        --json "$F/bench-$v-$round.jsonl" \
        > "$F/bench-$v-$round.log" 2>&1; echo "bench $v round $round rc=$?")
-    sed -n '/^summary/,/^prepare as/p' "$F/bench-$v-$round.log" | head -24
+    sed -n '/^summary/,/^prepare as/p' "$F/bench-$v-$round.log" | grep -v "^clocks:" | head -24
+    grep -h "^clocks:" "$F/bench-$v-$round.log"
   done
 done
 (cd "$OUT" && tar czf var.tgz var && rm -rf var)
