@@ -151,11 +151,9 @@ int main(int argc, char** argv) {
         const size_t acc = size_t(std::max(4 * h.T * 16 / (msa::kKvItemQueries + 1), 1)) * 2 * 128 * 128;
         CK(cudaMalloc(&dkv_acc, acc * 4));
         int4 *items, *rows;
-        int *split_slot, *split_part, *counts, *order, *position, *by_band;
+        int *split_slot, *split_part, *counts, *by_band;
         CK(cudaMalloc(&items, size_t(cap) * 16));
         CK(cudaMalloc(&rows, size_t(cap) * 16));
-        CK(cudaMalloc(&order, size_t(cap) * 4));
-        CK(cudaMalloc(&position, size_t(cap) * 4));
         CK(cudaMalloc(&by_band, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
         CK(cudaMalloc(&split_part, size_t(4) * h.P * 4));
@@ -166,8 +164,7 @@ int main(int argc, char** argv) {
         int* valid = upload(csr.valid);
         auto build_items = [&] {
             msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, qidx, h.P, h.T, cap, grid, rows, items,
-                                                                        order, position, split_slot, split_part, counts,
-                                                                        by_band);
+                                                                        split_slot, split_part, counts, by_band);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
@@ -271,7 +268,7 @@ int main(int argc, char** argv) {
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
                                                     dq_acc, dkv_acc, split_slot, split_part, counts, topk, row_ptr, qidx, valid, items,
-                                                    rows, order, position, by_band})
+                                                    rows, by_band})
             CK(cudaFree(b));
     }
     std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");

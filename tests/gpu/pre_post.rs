@@ -129,14 +129,14 @@ fn delta_matches_an_f64_reference_within_fp32_summation() {
         let out_d = msa.upload(&out).unwrap();
         let dout_d = msa.upload(&dout).unwrap();
         let mut delta = msa.output::<f32>(rows).unwrap();
-        msa.backward_delta_into(&dl, &out_d, &dout_d, &mut delta)
+        msa.backward_delta_into(&dl, &out_d, &dout_d, &mut delta, None)
             .unwrap_or_else(|e| panic!("{name}: delta: {e}"));
         let got = fetch(msa, "delta", &delta);
         // The norm variant: the same delta bit for bit, and |dout| per row within fp32 summation
         // (128 squares, a root) of an f64 reference; the dQ grid allows x 1.0001.
         let mut delta2 = msa.output::<f32>(rows).unwrap();
         let mut norm = msa.output::<f32>(rows).unwrap();
-        msa.backward_delta_norm_into(&dl, &out_d, &dout_d, &mut delta2, &mut norm)
+        msa.backward_delta_into(&dl, &out_d, &dout_d, &mut delta2, Some(&mut norm))
             .unwrap_or_else(|e| panic!("{name}: delta and norm: {e}"));
         let got2 = fetch(msa, "delta", &delta2);
         let norms = fetch(msa, "dout_norm", &norm);

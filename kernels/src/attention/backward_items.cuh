@@ -25,8 +25,7 @@ constexpr int kItemQueryBands = MSA_ITEM_QUERY_BANDS;
 static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the stable sort");
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
-// same in run order for `grid` CTAs, rows past the count 0; order [capacity] = the id at each
-// position, position [capacity] = the position of each id; split_slot [4, P]; split_part [4, P]
+// same in run order for `grid` CTAs, rows past the count 0; split_slot [4, P]; split_part [4, P]
 // = a split row's first part (the deterministic mode's dK/dV partials: one per item of a split
 // row, numbered in id order), else -1; counts [2] = (items, slots); by_band [capacity] scratch
 // (the ids in band order). Internal linkage, as every header kernel.
@@ -34,8 +33,7 @@ namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
                           int blocks, int total_q, int capacity, int grid, int4* __restrict__ rows_out,
-                          int4* __restrict__ items, int32_t* __restrict__ order, int32_t* __restrict__ position,
-                          int32_t* __restrict__ split_slot, int32_t* __restrict__ split_part,
+                          int4* __restrict__ items, int32_t* __restrict__ split_slot, int32_t* __restrict__ split_part,
                           int32_t* __restrict__ counts, int32_t* __restrict__ by_band) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
@@ -87,12 +85,7 @@ __global__ void __launch_bounds__(kItemBuildThreads)
             const int4 r = rows_out[by_band[k]];
             return (r.w - r.z + kItemTileQueries - 1) / kItemTileQueries;
         },
-        [&](int k, int p) {
-            const int i = by_band[k];
-            items[p] = rows_out[i];
-            order[p] = i;
-            position[i] = p;
-        });
+        [&](int k, int p) { items[p] = rows_out[by_band[k]]; });
     for (int i = item_base + threadIdx.x; i < capacity; i += kItemBuildThreads) items[i] = make_int4(0, 0, 0, 0);
     if (threadIdx.x == 0) {
         counts[0] = item_base;

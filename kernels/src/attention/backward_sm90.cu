@@ -24,7 +24,7 @@ namespace {
 // msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
 // mode keeps a dK/dV part per item of a split row instead of a slot per row, and adds the dQ grid.
 struct Workspace {
-    size_t dq_accum, items, rows, order, position, by_band, split_slot, split_part, counts, dkv_acc, bytes;
+    size_t dq_accum, items, rows, by_band, split_slot, split_part, counts, dkv_acc, bytes;
     size_t kv_bound, dq_step;
     int item_capacity;
 };
@@ -42,9 +42,7 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.dq_accum = 0;
     w.items = align(t * kHeads * kHeadDim * sizeof(float));
     w.rows = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
-    w.order = w.rows + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
-    w.position = w.order + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
-    w.by_band = w.position + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+    w.by_band = w.rows + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
     w.split_slot = w.by_band + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.split_part = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.counts = w.split_part + align(kGroups * p * sizeof(int32_t));
@@ -68,8 +66,6 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     float* dq_accum = reinterpret_cast<float*>(base + w.dq_accum);
     int4* items = reinterpret_cast<int4*>(base + w.items);
-    int32_t* order = reinterpret_cast<int32_t*>(base + w.order);
-    int32_t* position = reinterpret_cast<int32_t*>(base + w.position);
     int32_t* split_slot = reinterpret_cast<int32_t*>(base + w.split_slot);
     int32_t* split_part = reinterpret_cast<int32_t*>(base + w.split_part);
     int32_t* counts = reinterpret_cast<int32_t*>(base + w.counts);
@@ -81,7 +77,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     const int grid = backward_grid(w.item_capacity, sms);
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    a.phys_q_indices, vl.padded_kv_blocks, vl.total_q, w.item_capacity, grid,
-                   reinterpret_cast<int4*>(base + w.rows), items, order, position, split_slot, split_part, counts,
+                   reinterpret_cast<int4*>(base + w.rows), items, split_slot, split_part, counts,
                    reinterpret_cast<int32_t*>(base + w.by_band)));
     Params p{};
     if constexpr (kDet) {

@@ -40,8 +40,6 @@ pub struct KvItems {
     pub grid: usize,
     /// `[count]`: the item id at each list position.
     pub order: Vec<i32>,
-    /// `[count]`: the list position of each item id.
-    pub position: Vec<i32>,
     /// `[4, P]`: the dK/dV accumulator slot of a row split over items, else -1.
     pub split_slot: Vec<i32>,
     /// Slots in use.
@@ -124,17 +122,14 @@ pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
         .map(|k| by_band[k])
         .collect();
     let mut items = vec![0i32; cap * 4];
-    let mut position = vec![0i32; rows.len()];
     for (p, &id) in order.iter().enumerate() {
         items[p * 4..p * 4 + 4].copy_from_slice(&rows[id]);
-        position[id] = p as i32;
     }
     KvItems {
         items,
         count: rows.len(),
         grid,
         order: order.into_iter().map(|i| i as i32).collect(),
-        position,
         split_slot,
         slots,
         split_part,
@@ -185,14 +180,19 @@ mod tests {
         assert!(k.items[k.count * 4..].iter().all(|&w| w == 0));
         let mut covered = 0usize;
         let (mut expect_slot, mut expect_part) = (0, 0);
+        // The order is a permutation of the ids; position[id] is its inverse.
+        let mut position = vec![usize::MAX; k.count];
+        for (p, &id) in k.order.iter().enumerate() {
+            assert_eq!(position[id as usize], usize::MAX, "id {id} listed twice");
+            position[id as usize] = p;
+        }
         let mut at = 0;
         for head in 0..NUM_KV_HEADS {
             for block in 0..csr.blocks {
                 let (lo, hi) = csr.row_range(head, block);
                 let mut next = lo;
                 while next < hi {
-                    let p = k.position[at] as usize;
-                    assert_eq!(k.order[p] as usize, at);
+                    let p = position[at];
                     let it = &k.items[p * 4..p * 4 + 4];
                     assert_eq!(
                         it,

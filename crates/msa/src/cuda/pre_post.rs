@@ -11,13 +11,15 @@ use crate::raw;
 
 impl CudaMsa {
     /// `delta[t, h] = Σ_d out[t, h, d]·dout[t, h, d]` in fp32 (`out`, `dout` bf16 `[T, 64, 128]`,
-    /// `delta` f32 `[T, 64]`).
+    /// `delta` f32 `[T, 64]`), and with `dout_norm` also `dout_norm[t, h] = |dout[t, h, :]|₂`
+    /// (f32 `[T, 64]`, the same pass).
     pub fn backward_delta_into(
         &self,
         layout: &DeviceLayout,
         out: &CudaSlice<bf16>,
         dout: &CudaSlice<bf16>,
         delta: &mut CudaSlice<f32>,
+        dout_norm: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         let shape = layout.shape();
         let s = shape.sizes();
@@ -25,32 +27,12 @@ impl CudaMsa {
         let out = g.read("out", out, s.queries)?;
         let dout = g.read("dout", dout, s.queries)?;
         let mut delta = g.write("delta", delta, s.query_heads)?;
+        let mut norm = dout_norm
+            .map(|n| g.write("dout_norm", n, s.query_heads))
+            .transpose()?;
         // SAFETY: live allocations of this context, guards held by `g` until the launch is
         // enqueued; the stream is the context's.
-        unsafe { raw::backward_preprocess(shape, out, dout, &mut delta, g.stream()) }
-    }
-
-    /// [`backward_delta_into`](Self::backward_delta_into) that also writes
-    /// `dout_norm[t, h] = |dout[t, h, :]|₂` (f32 `[T, 64]`, the same pass).
-    pub fn backward_delta_norm_into(
-        &self,
-        layout: &DeviceLayout,
-        out: &CudaSlice<bf16>,
-        dout: &CudaSlice<bf16>,
-        delta: &mut CudaSlice<f32>,
-        dout_norm: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let shape = layout.shape();
-        let s = shape.sizes();
-        let mut g = Views::new(self)?;
-        let out = g.read("out", out, s.queries)?;
-        let dout = g.read("dout", dout, s.queries)?;
-        let mut delta = g.write("delta", delta, s.query_heads)?;
-        let mut norm = g.write("dout_norm", dout_norm, s.query_heads)?;
-        // SAFETY: as backward_delta_into.
-        unsafe {
-            raw::backward_preprocess_norm(shape, out, dout, &mut delta, &mut norm, g.stream())
-        }
+        unsafe { raw::backward_preprocess(shape, out, dout, &mut delta, norm.as_mut(), g.stream()) }
     }
 
     /// `dq = bf16(dq_accum)` (round to nearest even), both `[T, 64, 128]`.

@@ -201,12 +201,14 @@ pub unsafe fn backward(
     // SAFETY: lengths checked above; the delta and dout_norm parts lie inside the checked
     // workspace.
     unsafe {
-        match dout_norm.as_mut() {
-            Some(norm) => {
-                backward_preprocess_norm(shape, inputs.out, inputs.dout, &mut delta, norm, stream)?
-            }
-            None => backward_preprocess(shape, inputs.out, inputs.dout, &mut delta, stream)?,
-        }
+        backward_preprocess(
+            shape,
+            inputs.out,
+            inputs.dout,
+            &mut delta,
+            dout_norm.as_mut(),
+            stream,
+        )?
     };
     let base = sys::MsaAttnBwdParams {
         q: inputs.q.ptr().cast(),
@@ -327,7 +329,9 @@ pub unsafe fn backward(
 }
 
 /// Backward preprocess: `delta[t, h] = Σ_d out[t, h, d]·dout[t, h, d]` in fp32 (`out`, `dout`
-/// bf16 `[T, 64, 128]`, `delta` f32 `[T, 64]`). Deterministic.
+/// bf16 `[T, 64, 128]`, `delta` f32 `[T, 64]`), and with `dout_norm` also
+/// `dout_norm[t, h] = |dout[t, h, :]|₂` (f32 `[T, 64]`, the same pass; the deterministic sm_90a
+/// backward's dQ grid reads it). Deterministic.
 ///
 /// # Safety
 /// Every view must be device memory of its length, usable from the current CUDA context, that
@@ -337,55 +341,37 @@ pub unsafe fn backward_preprocess(
     out: DevSlice<bf16>,
     dout: DevSlice<bf16>,
     delta: &mut DevSliceMut<f32>,
+    dout_norm: Option<&mut DevSliceMut<f32>>,
     stream: Stream,
 ) -> Result<()> {
     let s = shape.sizes();
     check::tensor("out", &out, s.queries, "[T, 64, 128]")?;
     check::tensor("dout", &dout, s.queries, "[T, 64, 128]")?;
     check::output("delta", delta, s.query_heads, "[T, 64]")?;
+    if let Some(norm) = &dout_norm {
+        check::output("dout_norm", norm, s.query_heads, "[T, 64]")?;
+    }
+    let (t, stream) = (shape.total_q() as i32, stream.as_raw());
     // SAFETY: lengths and alignment checked above; the caller's contract covers the rest. T fits
     // i32 (`CallShape::new`).
     unsafe {
-        launch::attention::backward_preprocess(
-            out.addr(),
-            dout.addr(),
-            shape.total_q() as i32,
-            delta.addr(),
-            stream.as_raw(),
-        )?
-    };
-    Ok(())
-}
-
-/// [`backward_preprocess`] that also writes `dout_norm[t, h] = |dout[t, h, :]|₂` (fp32, the same
-/// pass), which the deterministic sm_90a backward's dQ grid reads.
-///
-/// # Safety
-/// As [`backward_preprocess`].
-pub unsafe fn backward_preprocess_norm(
-    shape: &CallShape,
-    out: DevSlice<bf16>,
-    dout: DevSlice<bf16>,
-    delta: &mut DevSliceMut<f32>,
-    dout_norm: &mut DevSliceMut<f32>,
-    stream: Stream,
-) -> Result<()> {
-    let s = shape.sizes();
-    check::tensor("out", &out, s.queries, "[T, 64, 128]")?;
-    check::tensor("dout", &dout, s.queries, "[T, 64, 128]")?;
-    check::output("delta", delta, s.query_heads, "[T, 64]")?;
-    check::output("dout_norm", dout_norm, s.query_heads, "[T, 64]")?;
-    // SAFETY: lengths and alignment checked above; the caller's contract covers the rest. T fits
-    // i32 (`CallShape::new`).
-    unsafe {
-        launch::attention::backward_preprocess_norm(
-            out.addr(),
-            dout.addr(),
-            shape.total_q() as i32,
-            delta.addr(),
-            dout_norm.addr(),
-            stream.as_raw(),
-        )?
+        match dout_norm {
+            Some(norm) => launch::attention::backward_preprocess_norm(
+                out.addr(),
+                dout.addr(),
+                t,
+                delta.addr(),
+                norm.addr(),
+                stream,
+            )?,
+            None => launch::attention::backward_preprocess(
+                out.addr(),
+                dout.addr(),
+                t,
+                delta.addr(),
+                stream,
+            )?,
+        }
     };
     Ok(())
 }

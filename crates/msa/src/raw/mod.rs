@@ -42,9 +42,9 @@ mod tests;
 mod view;
 
 pub use attention::{
-    backward, backward_postprocess_dkv, backward_postprocess_dq, backward_preprocess,
-    backward_preprocess_norm, forward, task_build, AttentionInputs, BackwardInputs, ForwardOutputs,
-    Gradients, TaskBuildInputs, TaskBuildShape,
+    backward, backward_postprocess_dkv, backward_postprocess_dq, backward_preprocess, forward,
+    task_build, AttentionInputs, BackwardInputs, ForwardOutputs, Gradients, TaskBuildInputs,
+    TaskBuildShape,
 };
 pub use indexer::{indexer_forward, selection_lse};
 pub use kl::{kl_backward, KlInputs};
