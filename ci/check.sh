@@ -9,13 +9,25 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ci_start=$SECONDS
 
+# A CI machine's free disk varies (seen from 287 MB to 80 GB); one run failed writing the wheel's
+# release build with the disk full. Line tables keep backtraces and cut the debug and test
+# builds' size several-fold; every step reports the space left, so a full disk names its step.
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+export CARGO_PROFILE_TEST_DEBUG=line-tables-only
+export PIP_NO_CACHE_DIR=1
+
+disk_left() {
+    df -h --output=avail . | tail -n 1 | tr -d ' '
+}
+
 step() {
     local name="$1"
     shift
     local start=$SECONDS
     printf '\n=== %s\n+ %s\n' "$name" "$*"
     "$@"
-    printf -- '--- %s: %d s (total %d s)\n' "$name" $((SECONDS - start)) $((SECONDS - ci_start))
+    printf -- '--- %s: %d s (total %d s; %s of disk left, target %s)\n' "$name" $((SECONDS - start)) \
+        $((SECONDS - ci_start)) "$(disk_left)" "$(du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null | cut -f1)"
 }
 
 as_root() {
@@ -138,8 +150,23 @@ wheel_links() {
 step "clippy (msa-torch, --features extension-module)" \
     cargo clippy -p msa-torch --features extension-module --all-targets -- -D warnings
 step "msa-torch host tests (--features kernels)" cargo test -p msa-torch --features kernels
+# Nothing after this point uses the debug and test builds (the wheel is a release build; the
+# kernel objects stay cached in target/msa-kernels-cache): free their space first.
+free_debug_build() {
+    local dir="${CARGO_TARGET_DIR:-target}/debug"
+    rm -rf "$dir"
+    echo "removed $dir"
+}
+step "free the debug build" free_debug_build
 step "msa-torch wheel" cargo xtask wheel
 step "msa-torch wheel links" wheel_links
+# The venv with torch (4.6 GB) comes next; the wheel's release build is no longer needed.
+free_release_build() {
+    local dir="${CARGO_TARGET_DIR:-target}/release"
+    rm -rf "$dir"
+    echo "removed $dir"
+}
+step "free the release build" free_release_build
 step "msa-torch CPU pytest" msa_torch_pytest
 
 # The GPU peers' exact FlexAttention block mask (scripts/bench_peers.py) against MSA's selection
