@@ -21,6 +21,7 @@
 # Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
 R="$PWD"; b="$R/.gpu-bundle"; suite="$R/${FINAL_SUITE:-.gpu-bundle}"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
+bash scripts/device/unpack-variants.sh || exit 1
 mkdir -p "$OUT/f"; F="$OUT/f"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ -z "${FINAL_SKIP_TIMING:-}" ]; then

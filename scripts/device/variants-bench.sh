@@ -9,8 +9,10 @@
 # median, 5 by default.)
 # Each bench runs under scripts/device/clocks.sh (clocks and power logged beside it).
 # Logs and JSON in $OUT/var.tgz (scripts/ab-compare.py OLD NEW prints per-row ratios).
+# Variants packed by scripts/build-variants.sh (.gpu-bundle/var.tar.xz) are unpacked first.
 set -uo pipefail
 R="$PWD"; F="$OUT/var"; mkdir -p "$F"
+bash scripts/device/unpack-variants.sh || exit 1
 names="${VAR_NAMES:-base A B}"; stages="${VAR_STAGES:-backward,backward_det}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 for v in $names; do
