@@ -34,6 +34,11 @@ for arg in "$@"; do
     wt="$(dirname "$root")/wt-$name"
     echo "== $name: $wt ($patches)"
     if [ -e "$wt" ]; then
+        # Only a detached worktree of an earlier run goes; one with a branch is someone's work.
+        if git -C "$wt" symbolic-ref -q HEAD >/dev/null; then
+            echo "build-variants: $wt has a branch checked out; move it or pick another name" >&2
+            exit 2
+        fi
         git worktree remove --force "$wt"
     fi
     git worktree add --detach "$wt" HEAD >/dev/null
