@@ -45,7 +45,7 @@ for arg in "$@"; do
     if [ "$patches" != "-" ]; then
         IFS='+' read -ra list <<< "$patches"
         for p in "${list[@]}"; do
-            git -C "$wt" am --quiet "$root/$p"
+            git -C "$wt" am -3 --quiet "$root/$p"
         done
     fi
     git -C "$wt" log --oneline -1
