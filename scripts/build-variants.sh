@@ -6,7 +6,8 @@
 # .gpu-bundle/var.tar.xz (xz: four variants stay under the 64 MiB a device call carries;
 # variants-bench.sh unpacks it).
 # Kernel objects come from one shared cache (MSA_KERNELS_BUILD_DIR, default ../kcache), so an
-# unchanged translation unit compiles once for all variants.
+# unchanged translation unit compiles once for all variants, and the variants share one cargo
+# target directory (VARIANTS_TARGET_DIR, default ../variants-target), so dependencies compile once.
 #   bash scripts/build-variants.sh base=- claim=docs/next/bwd-claim.patch \
 #        incast=docs/next/bwd-claim.patch+docs/next/dq-incast.patch
 # The binaries find data/ through the path they were built at (CARGO_MANIFEST_DIR), which does
@@ -16,6 +17,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export MSA_KERNELS_BUILD_DIR="${MSA_KERNELS_BUILD_DIR:-$(dirname "$root")/kcache}"
+target="${VARIANTS_TARGET_DIR:-$(dirname "$root")/variants-target}"
 [ $# -gt 0 ] || { sed -n '2,12p' "$0"; exit 2; }
 stage="$root/target/gpu-var"
 rm -rf "$stage"
@@ -51,9 +53,10 @@ for arg in "$@"; do
     git -C "$wt" log --oneline -1
     out="$stage/var/$name"
     mkdir -p "$out"
-    (cd "$wt" && CARGO_TARGET_DIR="$wt/target" cargo xtask gpu-bundle --out "$wt/.gpu-bundle" | tail -n 2)
+    (cd "$wt" && CARGO_TARGET_DIR="$target" cargo xtask gpu-bundle --out "$wt/.gpu-bundle" 2>&1 | tail -n 2)
     cp "$wt/.gpu-bundle/msa" "$wt/.gpu-bundle/gpu-suite" "$out/"
-    if bash "$wt/kernels/microbench/build.sh" "$wt/.microbench" > "$wt/.microbench.log" 2>&1; then
+    if MICROBENCH_ONLY=m5_backward_sm90 bash "$wt/kernels/microbench/build.sh" "$wt/.microbench" \
+        > "$wt/.microbench.log" 2>&1; then
         cp "$wt/.microbench/m5_backward_sm90" "$out/m5"
         strip "$out/m5"
     else

@@ -12,9 +12,13 @@ mkdir -p "$out"
 flags=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a
        -I "$root/kernels/include" -I "$root/kernels/src" -I "$root/kernels" -isystem "$tc/nvidia/cu13/include"
        -L "$tc/nvidia/cu13/lib" -cudart static -Xptxas=-v)
+# MICROBENCH_ONLY="m5_backward_sm90 ..." builds only those.
 build() {
     local name="$1"
     shift
+    if [ -n "${MICROBENCH_ONLY:-}" ] && [[ " $MICROBENCH_ONLY " != *" $name "* ]]; then
+        return 0
+    fi
     echo "== $name"
     "$nvcc" "${flags[@]}" -o "$out/$name" "$@" 2>"$out/$name.ptxas.txt" || { cat "$out/$name.ptxas.txt"; return 1; }
     grep -E "registers|spill|stack" "$out/$name.ptxas.txt" | grep -B0 -A0 -E "Used|spill" | head -20 || true
