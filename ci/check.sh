@@ -150,23 +150,19 @@ wheel_links() {
 step "clippy (msa-torch, --features extension-module)" \
     cargo clippy -p msa-torch --features extension-module --all-targets -- -D warnings
 step "msa-torch host tests (--features kernels)" cargo test -p msa-torch --features kernels
-# Nothing after this point uses the debug and test builds (the wheel is a release build; the
-# kernel objects stay cached in target/msa-kernels-cache): free their space first.
-free_debug_build() {
-    local dir="${CARGO_TARGET_DIR:-target}/debug"
+# A build directory of target/ that nothing later reads, removed to free its disk (the kernel
+# objects stay cached in target/msa-kernels-cache).
+free_build() {
+    local dir="${CARGO_TARGET_DIR:-target}/$1"
     rm -rf "$dir"
     echo "removed $dir"
 }
-step "free the debug build" free_debug_build
+# The wheel is a release build: nothing after this point uses the debug and test builds.
+step "free the debug build" free_build debug
 step "msa-torch wheel" cargo xtask wheel
 step "msa-torch wheel links" wheel_links
 # The venv with torch (4.6 GB) comes next; the wheel's release build is no longer needed.
-free_release_build() {
-    local dir="${CARGO_TARGET_DIR:-target}/release"
-    rm -rf "$dir"
-    echo "removed $dir"
-}
-step "free the release build" free_release_build
+step "free the release build" free_build release
 step "msa-torch CPU pytest" msa_torch_pytest
 
 # The GPU peers' exact FlexAttention block mask (scripts/bench_peers.py) against MSA's selection

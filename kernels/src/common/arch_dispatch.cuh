@@ -16,48 +16,48 @@
 
 namespace msa {
 
-// The current device's compute capability as 10 * major + minor (90 on H100/H200, 80 on A100),
-// read with cudaDeviceGetAttribute the first time per device and cached (thread-safe: racing
-// first calls store the same value).
-inline cudaError_t current_device_sm(int* sm) {
+constexpr int kCachedDevices = 64;
+
+// *value for the current device: read(device, value) the first time per device, then the value
+// cached in `cache` (the caller's own static array; thread-safe: racing first calls store the
+// same value). A read value must not be 0, which marks a device not read yet.
+template <class Read>
+cudaError_t cached_per_device(std::atomic<int> (&cache)[kCachedDevices], int* value, Read read) {
     int device = 0;
     MSA_TRY(cudaGetDevice(&device));
-    constexpr int kCachedDevices = 64;
-    static std::atomic<int> cache[kCachedDevices];  // 0: not read yet
     const bool cacheable = device >= 0 && device < kCachedDevices;
     if (cacheable) {
         const int cached = cache[device].load(std::memory_order_relaxed);
         if (cached != 0) {
-            *sm = cached;
+            *value = cached;
             return cudaSuccess;
         }
     }
-    int major = 0, minor = 0;
-    MSA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    MSA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    *sm = 10 * major + minor;
-    if (cacheable) cache[device].store(*sm, std::memory_order_relaxed);
+    MSA_TRY(read(device, value));
+    if (cacheable) cache[device].store(*value, std::memory_order_relaxed);
     return cudaSuccess;
 }
 
-// The current device's multiprocessor count (the persistent sm_90a kernels launch one CTA per
-// SM), read once per device and cached like current_device_sm.
-inline cudaError_t current_device_sms(int* sms) {
-    int device = 0;
-    MSA_TRY(cudaGetDevice(&device));
-    constexpr int kCachedDevices = 64;
+// The current device's compute capability as 10 * major + minor (90 on H100/H200, 80 on A100),
+// read with cudaDeviceGetAttribute once per device.
+inline cudaError_t current_device_sm(int* sm) {
     static std::atomic<int> cache[kCachedDevices];
-    const bool cacheable = device >= 0 && device < kCachedDevices;
-    if (cacheable) {
-        const int cached = cache[device].load(std::memory_order_relaxed);
-        if (cached != 0) {
-            *sms = cached;
-            return cudaSuccess;
-        }
-    }
-    MSA_TRY(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device));
-    if (cacheable) cache[device].store(*sms, std::memory_order_relaxed);
-    return cudaSuccess;
+    return cached_per_device(cache, sm, [](int device, int* out) -> cudaError_t {
+        int major = 0, minor = 0;
+        MSA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        MSA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        *out = 10 * major + minor;
+        return cudaSuccess;
+    });
+}
+
+// The current device's multiprocessor count (the persistent sm_90a kernels launch one CTA per
+// SM), read once per device.
+inline cudaError_t current_device_sms(int* sms) {
+    static std::atomic<int> cache[kCachedDevices];
+    return cached_per_device(cache, sms, [](int device, int* out) {
+        return cudaDeviceGetAttribute(out, cudaDevAttrMultiProcessorCount, device);
+    });
 }
 
 // Whether a device of compute capability sm runs sm_90a code.
