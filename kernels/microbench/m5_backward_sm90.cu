@@ -62,8 +62,10 @@ struct Items {
     int slots = 0;
 };
 
-// The items in the kernel's run order for `grid` CTAs (common/lpt_order.cuh: longest first, ties by
-// band (head, first query's 32nd of T: attention/backward_items.cuh), then id; dealt in a snake).
+// The items in the kernel's claim order for `grid` CTAs (attention/backward_items.cuh): by band
+// (head, first query's 32nd of T), ties by id, except the last in the stable longest-first order
+// whose tiles reach grid times half the longest item's (common/lpt_order.cuh: claim_order), which go to
+// the end longest first.
 Items work_items(const HostLayout& h, const PhysCsr& c, int chunk, int grid) {
     Items w;
     std::vector<int4> rows;
@@ -88,9 +90,17 @@ Items work_items(const HostLayout& h, const PhysCsr& c, int chunk, int grid) {
         return rows[i].x * msa::kItemQueryBands + int(int64_t(q) * msa::kItemQueryBands / h.T);
     };
     std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return band(a) < band(b); });
-    std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return tiles(a) > tiles(b); });
-    w.items.resize(rows.size());
-    for (size_t j = 0; j < ids.size(); ++j) w.items[msa::snake_position(int(j), int(ids.size()), grid)] = rows[ids[j]];
+    std::vector<int> by_cost = ids;
+    std::stable_sort(by_cost.begin(), by_cost.end(), [&](int a, int b) { return tiles(a) > tiles(b); });
+    const int64_t need = by_cost.empty() ? 0 : int64_t(grid) * tiles(by_cost[0]) / 2;
+    size_t tail = 0;
+    for (int64_t mass = 0; tail < by_cost.size() && mass < need; ++tail)
+        mass += tiles(by_cost[by_cost.size() - 1 - tail]);
+    std::vector<char> in_tail(rows.size(), 0);
+    for (size_t j = by_cost.size() - tail; j < by_cost.size(); ++j) in_tail[by_cost[j]] = 1;
+    for (int id : ids)
+        if (!in_tail[id]) w.items.push_back(rows[id]);
+    for (size_t j = by_cost.size() - tail; j < by_cost.size(); ++j) w.items.push_back(rows[by_cost[j]]);
     return w;
 }
 
@@ -151,20 +161,21 @@ int main(int argc, char** argv) {
         const size_t acc = size_t(std::max(4 * h.T * 16 / (msa::kKvItemQueries + 1), 1)) * 2 * 128 * 128;
         CK(cudaMalloc(&dkv_acc, acc * 4));
         int4 *items, *rows;
-        int *split_slot, *split_part, *counts, *by_band;
+        int *split_slot, *split_part, *counts, *by_band, *rank;
         CK(cudaMalloc(&items, size_t(cap) * 16));
         CK(cudaMalloc(&rows, size_t(cap) * 16));
         CK(cudaMalloc(&by_band, size_t(cap) * 4));
+        CK(cudaMalloc(&rank, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
         CK(cudaMalloc(&split_part, size_t(4) * h.P * 4));
-        CK(cudaMalloc(&counts, 8));
+        CK(cudaMalloc(&counts, 12));
         int* topk = upload(topk_h);
         int* row_ptr = upload(csr.row_ptr);
         int* qidx = upload(csr.q);
         int* valid = upload(csr.valid);
         auto build_items = [&] {
             msa::backward_items_kernel<<<1, msa::kItemBuildThreads>>>(row_ptr, qidx, h.P, h.T, cap, grid, rows, items,
-                                                                        split_slot, split_part, counts, by_band);
+                                                                        split_slot, split_part, counts, by_band, rank);
             CK(cudaGetLastError());
         };
         // The device item build equals the host rule word for word.
@@ -172,9 +183,9 @@ int main(int argc, char** argv) {
         CK(cudaDeviceSynchronize());
         {
             const std::vector<int4> di = download(items, cap);
-            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, 2);
+            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, 3);
             const std::vector<int> dp = download(split_part, size_t(4) * h.P);
-            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && ds == w.split_slot && dp == w.split_part;
+            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && dc[2] == 0 && ds == w.split_slot && dp == w.split_part;
             for (int i = 0; i < cap && same; ++i) {
                 const int4 want = i < int(items_h.size()) ? items_h[i] : make_int4(0, 0, 0, 0);
                 same = di[i].x == want.x && di[i].y == want.y && di[i].z == want.z && di[i].w == want.w;
@@ -214,8 +225,12 @@ int main(int argc, char** argv) {
             CK(cudaError_t(msa_attn_backward_dq(&bp, nullptr)));
             CK(cudaError_t(msa_attn_backward_dkv(&bp, nullptr)));
         };
-        const msa::bwd90::Params prm{items, counts, qidx, valid, lse, delta, split_slot, row_ptr, vl, dq_acc, dkv_acc, dk, dv};
-        auto run_main = [&] { CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr)); };
+        const msa::bwd90::Params prm{items, counts, counts + 2, qidx, valid, lse, delta, split_slot,
+                                     row_ptr, vl, dq_acc, dkv_acc, dk, dv};
+        auto run_main = [&] {  // the claim counter restarts (the item build zeroes it in run_sm90)
+            CK(cudaMemsetAsync(counts + 2, 0, 4));
+            CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr));
+        };
         auto run_sm90 = [&] {
             CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
             build_items();
@@ -268,7 +283,7 @@ int main(int argc, char** argv) {
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
                                                     dq_acc, dkv_acc, split_slot, split_part, counts, topk, row_ptr, qidx, valid, items,
-                                                    rows, by_band})
+                                                    rows, by_band, rank})
             CK(cudaFree(b));
     }
     std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");

@@ -120,8 +120,8 @@ enum MsaSm90Work {
     MSA_KV_TILE_QUERIES = 4,     /* CSR entries per backward tile: an item costs its tiles */
     MSA_FWD_TILE_QUERIES = 8,    /* consecutive packed queries per forward tile */
     MSA_LPT_BINS = 129,          /* costs the run order tells apart (0..128; more share 128) */
-    MSA_ITEM_QUERY_BANDS = 32    /* bands of a head's queries that break the backward run
-                                    order's cost ties (4 heads x 32 < MSA_LPT_BINS) */
+    MSA_ITEM_QUERY_BANDS = 32    /* bands of a head's queries: the backward claim order's key
+                                    (4 heads x 32 < MSA_LPT_BINS) */
 };
 
 #endif /* MSA_ABI_H */

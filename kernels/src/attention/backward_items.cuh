@@ -1,12 +1,13 @@
 // Device item build of the sm_90a backward (host mirror: msa_plan::backward::kv_items): every
 // (head, physical block) row of prepare's physical CSR cut into items of at most kKvItemQueries
 // consecutive entries, ids head-major and blocks ascending; a row cut into several items gets the
-// next dK/dV accumulator slot. The main kernel's list is the longest-first run order for its grid
-// (common/lpt_order.cuh), its ties broken by the item's band (head, where its first query lies:
-// msa_plan::backward::kv_items::item_band) so that items running together share queries: a
-// stable sort by band first, then the stable longest-first sort. One CTA scans the 4 P rows in
-// chunks of its size, so the tables are built without a host round trip (graph-capturable) and
-// equal the mirror word for word.
+// next dK/dV accumulator slot. The main kernel's CTAs claim the list's items as they free up, so
+// the list follows the L2, not a static balance: items by band (head, where the first query lies:
+// msa_plan::backward::kv_items::item_band), so that the items in flight together share queries,
+// except a longest-first tail of the shortest, whose tiles add up to grid times half the longest
+// item's (common/lpt_order.cuh: claim_order), which evens out the last claims. One CTA scans the
+// 4 P rows in chunks of its size, so the tables are built without a host round trip
+// (graph-capturable) and equal the mirror word for word.
 #pragma once
 
 #include <cstdint>
@@ -25,16 +26,17 @@ constexpr int kItemQueryBands = MSA_ITEM_QUERY_BANDS;
 static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the stable sort");
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
-// same in run order for `grid` CTAs, rows past the count 0; split_slot [4, P]; split_part [4, P]
+// same in claim order for `grid` CTAs, rows past the count 0; split_slot [4, P]; split_part [4, P]
 // = a split row's first part (the deterministic mode's dK/dV partials: one per item of a split
-// row, numbered in id order), else -1; counts [2] = (items, slots); by_band [capacity] scratch
-// (the ids in band order). Internal linkage, as every header kernel.
+// row, numbered in id order), else -1; counts [3] = (items, slots, 0: the main kernel's claim
+// counter); by_band, rank [capacity] scratch. Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
                           int blocks, int total_q, int capacity, int grid, int4* __restrict__ rows_out,
                           int4* __restrict__ items, int32_t* __restrict__ split_slot, int32_t* __restrict__ split_part,
-                          int32_t* __restrict__ counts, int32_t* __restrict__ by_band) {
+                          int32_t* __restrict__ counts, int32_t* __restrict__ by_band,
+                          int32_t* __restrict__ rank) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
     const int rows = kGroups * blocks;
@@ -79,8 +81,8 @@ __global__ void __launch_bounds__(kItemBuildThreads)
         },
         [&](int i, int j) { by_band[j] = i; });
     __syncthreads();  // by_band complete
-    lpt_order<kItemBuildThreads>(
-        lpt, item_base, grid,
+    claim_order<kItemBuildThreads>(
+        lpt, scan, item_base, grid, rank,
         [&](int k) {
             const int4 r = rows_out[by_band[k]];
             return (r.w - r.z + kItemTileQueries - 1) / kItemTileQueries;
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(kItemBuildThreads)
     if (threadIdx.x == 0) {
         counts[0] = item_base;
         counts[1] = slot_base;
+        counts[2] = 0;
     }
 }
 }  // namespace

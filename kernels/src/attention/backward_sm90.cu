@@ -24,7 +24,7 @@ namespace {
 // msa_attn_backward_sm90{,_det}_workspace_bytes' parts, each 256-byte aligned; the deterministic
 // mode keeps a dK/dV part per item of a split row instead of a slot per row, and adds the dQ grid.
 struct Workspace {
-    size_t dq_accum, items, rows, by_band, split_slot, split_part, counts, dkv_acc, bytes;
+    size_t dq_accum, items, rows, by_band, rank, split_slot, split_part, counts, dkv_acc, bytes;
     size_t kv_bound, dq_step;
     int item_capacity;
 };
@@ -43,10 +43,11 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.items = align(t * kHeads * kHeadDim * sizeof(float));
     w.rows = w.items + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
     w.by_band = w.rows + align(static_cast<size_t>(w.item_capacity) * sizeof(int4));
-    w.split_slot = w.by_band + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+    w.rank = w.by_band + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
+    w.split_slot = w.rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.split_part = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.counts = w.split_part + align(kGroups * p * sizeof(int32_t));
-    w.dkv_acc = w.counts + align(2 * sizeof(int32_t));
+    w.dkv_acc = w.counts + align(3 * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
     w.kv_bound = w.dq_step = w.bytes;
     if (det) {
@@ -78,7 +79,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    a.phys_q_indices, vl.padded_kv_blocks, vl.total_q, w.item_capacity, grid,
                    reinterpret_cast<int4*>(base + w.rows), items, split_slot, split_part, counts,
-                   reinterpret_cast<int32_t*>(base + w.by_band)));
+                   reinterpret_cast<int32_t*>(base + w.by_band), reinterpret_cast<int32_t*>(base + w.rank)));
     Params p{};
     if constexpr (kDet) {
         float* kv_bound = reinterpret_cast<float*>(base + w.kv_bound);
@@ -99,6 +100,7 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     }
     p.items = items;
     p.counts = counts;
+    p.claim = counts + 2;
     p.phys_q_indices = a.phys_q_indices;
     p.phys_valid = a.phys_valid;
     p.lse = a.lse;

@@ -18,7 +18,11 @@
 // producer warpgroup's two otherwise idle warps while the consumers compute (on a long document
 // that is most of dK, dV: 388 MB on a 189K-key rank, 0.12 ms as a pass of its own).
 // A producer warp loads K and V per item and Q, dO (tensor boxes of one query's 16 heads; a
-// missing query loads zeros) and the lse / delta rows per tile into a 2-stage ring.
+// missing query loads zeros) and the lse / delta rows per tile into a 2-stage ring. The CTAs
+// claim items as they free up: the first by CTA index, the next from a counter once the current
+// item's last tile is issued; the producer hands each to the consumers through shared memory
+// with its K/V (kv_full), and a sentinel item ends them. So the list can follow the L2 (items by
+// query band: attention/backward_items.cuh) while the grid balances itself.
 // Deterministic mode (kDet, the same kernel): each dQ contribution is rounded to its row's grid
 // (attention/backward_det_grid.cuh), so the reduce-adds are exact and their order cannot matter;
 // each item of a split row stores its dK/dV in a part of its own, and the epilogue adds a row's
@@ -88,6 +92,7 @@ struct Smem {
     float lse[kStages][kRows];
     float delta[kStages][kRows];
     TileInfo info[kStages];
+    int4 item;  // the item of the K/V in k, v (x < 0: none left), published by kv_full
     uint64_t kv_full, kv_empty;
     uint64_t q_full[kStages], q_empty[kStages];
     alignas(16) float step[kDet ? kStages : 1][kDet ? kRows : 1];  // kDet: each row's dQ grid (bulk loads)
@@ -97,8 +102,9 @@ constexpr int kSmemBytes = static_cast<int>(sizeof(Smem<kDet>));
 static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemSm90, "the shared memory fits a block");
 
 struct Params {
-    const int4* items;      // (group, physical block, first CSR entry, end CSR entry)
-    const int32_t* counts;  // [2]: items, dK/dV slots (backward_items_kernel)
+    const int4* items;      // (group, physical block, first CSR entry, end CSR entry), claim order
+    const int32_t* counts;  // [3]: items, dK/dV slots (backward_items_kernel)
+    int32_t* claim;         // counts + 2: items claimed past the first gridDim.x (zeroed by the build)
     const int32_t* phys_q_indices;  // [4, T * 16]
     const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
     const float* lse;               // [T, 64]
@@ -173,8 +179,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     const int key0 = 64 * wg + 16 * warp + (lane >> 2);  // rows key0 and key0 + 8 of the block
     const bool issuer = threadIdx.x == 128;  // issues the dQ reductions
     const int head = lane >> 2;               // dQ rows head and head + 8 of query slot `warp`
-    const int n_items = p.counts[0];
-    int item_it = 0, tile_it = 0;
+    int tile_it = 0;
     // Tile j's dQ is staged and reduced during tile j + 1, while that tile's S^T is in flight
     // (the tensor pipe idled through the staging); the last tile's after the loop.
     // The pending dQ is a copy: ptxas cannot tell across the loop's back edge that the dQ
@@ -194,11 +199,12 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
         consumers_sync();
         if (issuer) reduce_dq(p, sm, pend_t, pend_g, buf);
     };
-    for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
-        const int4 item = p.items[it];
+    for (int item_it = 0;; ++item_it) {
+        mbar_wait(&sm.kv_full, item_it & 1);
+        const int4 item = sm.item;  // read before kv_empty lets the producer write the next
+        if (item.x < 0) break;
         const int g = item.x, pb = item.y;
         const int tiles = (item.w - item.z + kTileQueries - 1) / kTileQueries;
-        mbar_wait(&sm.kv_full, item_it & 1);
         float dk[64], dv[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
@@ -413,19 +419,27 @@ __device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const 
     const int lane = threadIdx.x & 31;
     const MsaVarlen& vl = p.varlen;
     const int n_items = p.counts[0];
-    int item_it = 0, tile_it = 0;
-    for (int it = blockIdx.x; it < n_items; it += gridDim.x, ++item_it) {
-        const int4 item = p.items[it];
+    int it = blockIdx.x, tile_it = 0;
+    for (int item_it = 0;; ++item_it) {
+        const bool done = it >= n_items;
+        const int4 item = done ? make_int4(-1, 0, 0, 0) : p.items[it];
         const int g = item.x, pb = item.y;
-        const BlockKeys bk = block_keys(vl, pb);
         if (lane == 0) {
             mbar_wait(&sm.kv_empty, (item_it & 1) ^ 1);
-            mbar_arrive_expect_tx(&sm.kv_full, 2 * kKvBytes);
-            for (int half = 0; half < 2; ++half) {
-                tma_load_2d(sm.k + half * kKvHalf, kmap, &sm.kv_full, g * kHeadDim + 64 * half, bk.start);
-                tma_load_2d(sm.v + half * kKvHalf, vmap, &sm.kv_full, g * kHeadDim + 64 * half, bk.start);
+            sm.item = item;
+            if (done) {
+                mbar_arrive(&sm.kv_full);  // the sentinel: no loads, the arrival completes the phase
+            } else {
+                const BlockKeys bk = block_keys(vl, pb);
+                mbar_arrive_expect_tx(&sm.kv_full, 2 * kKvBytes);
+                for (int half = 0; half < 2; ++half) {
+                    tma_load_2d(sm.k + half * kKvHalf, kmap, &sm.kv_full, g * kHeadDim + 64 * half, bk.start);
+                    tma_load_2d(sm.v + half * kKvHalf, vmap, &sm.kv_full, g * kHeadDim + 64 * half, bk.start);
+                }
             }
         }
+        if (done) break;
+        const BlockKeys bk = block_keys(vl, pb);
         for (int e = item.z; e < item.w; e += kTileQueries, ++tile_it) {
             const int st = tile_it % kStages;
             int t, nv;
@@ -467,6 +481,11 @@ __device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const 
             }
             __syncwarp();
         }
+        // The next item, claimed once this one's last tile is issued: the atomic's latency hides
+        // behind the tiles still in the ring.
+        int next = 0;
+        if (lane == 0) next = static_cast<int>(gridDim.x) + atomicAdd(p.claim, 1);
+        it = __shfl_sync(0xffffffffu, next, 0);
     }
 }
 #endif  // MSA_SM90A_ENABLED
@@ -596,7 +615,8 @@ __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, f
 
 }  // namespace
 
-// Persistent CTAs of the main kernel for `capacity` items on `sms` SMs (one per SM).
+// Persistent CTAs of the main kernel for `capacity` items on `sms` SMs (one per SM); the item
+// build's claim-order tail is made for this grid.
 inline int backward_grid(int capacity, int sms) { return capacity < sms ? capacity : sms; }
 
 // Whether launch_backward launches the main kernel (which zeroes the unselected dK/dV rows).

@@ -6,10 +6,14 @@
 // mirror's word for word and the same on every run (10.6 us for 6,144 items, run 23; an
 // unstable sort took 5.7-7.7 us but would let a kernel's output depend on the run: the sign of
 // an exact zero in the forward's restarted accumulator). The counting sort serves other keys
-// too (stable_bin_sort: the backward's query bands).
+// too (stable_bin_sort: the backward's query bands). A kernel whose CTAs claim items from a
+// counter balances itself and takes claim_order instead (host mirror: msa_plan::lpt::claim_order):
+// the list in a preferred order with a longest-first tail of the shortest items whose costs add
+// up to the grid times half the longest.
 #pragma once
 
 #include "msa/abi.h"
+#include "common/scan.cuh"
 
 namespace msa {
 
@@ -108,6 +112,52 @@ template <int THREADS, class Cost, class Emit>
 __device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, Cost cost, Emit emit) {
     stable_bin_sort<THREADS>(s, n, [&](int i) { return lpt_bin(cost(i)); },
                              [&](int i, int j) { emit(i, snake_position(j, n, grid)); });
+}
+
+// The n items in their given order (index k), except a tail of those last in the stable
+// longest-first order (the shortest; among equals the latest), just long enough that their costs
+// reach `grid` times half the longest cost (floor), which goes to the end longest first:
+// emit(k, p) once per item with its list position p. rank: n ints of scratch. Every thread of the
+// CTA (blockDim.x == THREADS) calls it; barriers inside.
+template <int THREADS, class Cost, class Emit>
+__device__ __forceinline__ void claim_order(LptSmem<THREADS>& s, BlockScanSmem<THREADS>& scan, int n, int grid,
+                                            int* rank, Cost cost, Emit emit) {
+    __shared__ int head_end;
+    stable_bin_sort<THREADS>(s, n, [&](int k) { return lpt_bin(cost(k)); }, [&](int k, int j) { rank[k] = j; });
+    // s.next[b] is now the end of bin b in rank order (bin b: cost kLptBins - 1 - b). From the
+    // cheapest bin up, the tail takes whole bins while their mass stays short of the need, then
+    // as many of the next bin's last items as reach it.
+    if (threadIdx.x == 0) {
+        int top = 0;
+        while (top < kLptBins && s.next[top] == 0) ++top;
+        const long long need = top < kLptBins ? static_cast<long long>(grid) * (kLptBins - 1 - top) / 2 : 0;
+        int end = n;
+        long long mass = 0;
+        for (int b = kLptBins - 1; b >= 0 && mass < need; --b) {
+            const int begin = b > 0 ? s.next[b - 1] : 0, c = kLptBins - 1 - b;
+            const long long bin_mass = static_cast<long long>(c) * (s.next[b] - begin);
+            if (mass + bin_mass < need) {
+                mass += bin_mass;
+                end = begin;
+            } else {
+                end = s.next[b] - static_cast<int>((need - mass + c - 1) / c);  // c > 0: mass < need
+                mass = need;
+            }
+        }
+        head_end = end;
+    }
+    __syncthreads();  // rank and head_end complete
+    const int head = head_end;
+    int at = 0;
+    for (int chunk = 0; chunk < n; chunk += THREADS) {
+        const int k = chunk + static_cast<int>(threadIdx.x);
+        const int j = k < n ? rank[k] : 0;
+        const bool in_head = k < n && j < head;
+        int total;
+        const int p = at + block_exclusive_scan<THREADS>(scan, in_head ? 1 : 0, total);
+        if (k < n) emit(k, in_head ? p : j);
+        at += total;
+    }
 }
 
 }  // namespace msa

@@ -4,16 +4,18 @@
 //! order. A row cut into several items gets a slot of the fp32 dK/dV accumulator (slots numbered
 //! in the same order; the deterministic mode gives each of its items a part of its own instead,
 //! numbered in id order, and sums a row's parts in that order); a row that fits one item is
-//! written in bf16 by that item. The main kernel
-//! runs the items in the longest-first order of [`crate::lpt`] for its grid (position `p` on CTA
-//! `p % grid`), its cost ties broken by [`item_band`] instead of the id: items of equal cost run
-//! head by head and, within a head, by where their first query lies, so the items in flight
-//! together gather the same queries' Q and dO and add into the same dQ rows (L2 reuse; in id order
-//! a spread selection's neighbouring blocks share few queries). The device item build
+//! written in bf16 by that item. The main kernel's CTAs claim the items as they free up (the first
+//! by CTA index, then from a counter), so the list needs no static balance and follows the L2:
+//! items by [`item_band`] (head, then where the first query lies), so the items in flight together
+//! gather the same queries' Q and dO and add into the same dQ rows, except a tail of the shortest,
+//! longest first, whose tiles add up to the grid times half the longest item's
+//! ([`crate::lpt::claim_order`]), which evens out the last claims. (Until session 12 the CTAs strode over a longest-first snake
+//! whose cost ties the bands broke: spread's long items then ran far from their queries'
+//! neighbours.) The device item build
 //! (`backward_items_kernel`) computes the same tables word for word.
 
 use crate::csr::PhysicalCsr;
-use crate::lpt::lpt_order;
+use crate::lpt::claim_order;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 
 /// CSR entries (queries) per tile of the main kernel (abi.h `MSA_KV_TILE_QUERIES`).
@@ -32,11 +34,11 @@ pub const KV_ITEM_QUERIES: usize = 512;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvItems {
     /// `[capacity, 4]`: `(head, physical block, first entry, end entry)` per list position (the
-    /// run order); rows past `count` are 0.
+    /// claim order); rows past `count` are 0.
     pub items: Vec<i32>,
     /// Items in use.
     pub count: usize,
-    /// CTAs the run order is made for.
+    /// CTAs the run order's tail is made for.
     pub grid: usize,
     /// `[count]`: the item id at each list position.
     pub order: Vec<i32>,
@@ -68,10 +70,10 @@ pub fn kv_part_capacity(total_q: usize) -> usize {
     NUM_KV_HEADS * total_q * TOPK_BLOCKS / (KV_ITEM_QUERIES / 2)
 }
 
-/// Bands of a head's queries in the run order's tie key (abi.h `MSA_ITEM_QUERY_BANDS`).
+/// Bands of a head's queries in the run order's key (abi.h `MSA_ITEM_QUERY_BANDS`).
 pub const ITEM_QUERY_BANDS: usize = 32;
 
-/// The tie key of an item of `head` whose first CSR entry is query `first_q` of `total_q`:
+/// The order key of an item of `head` whose first CSR entry is query `first_q` of `total_q`:
 /// `head · 32 + ⌊q · 32 / T⌋`, below [`crate::lpt::LPT_BINS`] (a query outside `[0, T)` is
 /// clamped; the main kernel skips it).
 pub fn item_band(head: usize, first_q: i32, total_q: usize) -> usize {
@@ -84,7 +86,7 @@ pub fn item_tiles(entries: usize) -> usize {
     entries.div_ceil(TILE_QUERIES)
 }
 
-/// The items and split slots of `csr`, in the run order for `grid` CTAs.
+/// The items and split slots of `csr`, in the claim order for `grid` CTAs.
 pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
     let cap = kv_item_capacity(csr.blocks, csr.total_q);
     let mut rows = Vec::new();
@@ -106,7 +108,7 @@ pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
             }
         }
     }
-    // Ties by band: the longest-first order is stable, so it runs on the ids sorted by band.
+    // The ids by band (stable: ties by id), then the shortest to the tail.
     let band = |r: &[i32; 4]| {
         let first = csr.q_indices[r[0] as usize * csr.edge_capacity() + r[2] as usize];
         item_band(r[0] as usize, first, csr.total_q)
@@ -117,7 +119,7 @@ pub fn build_kv_items(csr: &PhysicalCsr, grid: usize) -> KvItems {
         .iter()
         .map(|&i| item_tiles((rows[i][3] - rows[i][2]) as usize))
         .collect();
-    let order: Vec<usize> = lpt_order(&costs, grid)
+    let order: Vec<usize> = claim_order(&costs, grid)
         .into_iter()
         .map(|k| by_band[k])
         .collect();
@@ -142,7 +144,7 @@ mod tests {
     use super::*;
     use crate::csr::build_physical_csr;
     use crate::layout::VarlenLayout;
-    use crate::lpt::imbalance;
+    use crate::lpt::claimed_imbalance;
 
     /// recent-16 style selection: each query picks its own block and up to 15 before it.
     fn recent(layout: &VarlenLayout) -> Vec<i32> {
@@ -234,30 +236,50 @@ mod tests {
     }
 
     #[test]
-    fn run_order_is_the_longest_first_snake_and_balances_better_than_striding() {
+    fn claim_order_is_by_band_then_a_longest_first_tail_and_balances_better_than_id_order() {
         let layout =
             VarlenLayout::documents(&[0, 4096, 4096 + 300, 4096 + 301, 4096 + 1500]).unwrap();
         let csr = build_physical_csr(&layout, &recent(&layout)).unwrap();
         for grid in [1, 5, 7, 132] {
             let k = build_kv_items(&csr, grid);
             let tiles = |p: usize| item_tiles((k.items[p * 4 + 3] - k.items[p * 4 + 2]) as usize);
-            // Dealt back from the snake: costs never rise, ties by band, then by id.
-            let key = |j: usize| {
-                let p = crate::lpt::snake_position(j, k.count, grid);
+            let band = |p: usize| {
                 let it = &k.items[p * 4..p * 4 + 4];
                 let first = csr.q_indices[it[0] as usize * csr.edge_capacity() + it[2] as usize];
-                let band = item_band(it[0] as usize, first, csr.total_q);
-                (std::cmp::Reverse(tiles(p)), band, k.order[p])
+                item_band(it[0] as usize, first, csr.total_q)
             };
-            for j in 1..k.count {
-                assert!(key(j - 1) < key(j), "grid {grid}, rank {j}");
+            // The head ends where the band order stops: the tail is what claim_order appended.
+            let costs: Vec<usize> = (0..k.count).map(tiles).collect();
+            let need = grid * costs.iter().max().copied().unwrap_or(0) / 2;
+            let mut tail = 0;
+            while tail < k.count && costs[k.count - tail..].iter().sum::<usize>() < need {
+                tail += 1;
+            }
+            let head = k.count - tail;
+            // The head by (band, id); the tail by (cost descending, band, id), none longer than
+            // any item of the head.
+            for p in 1..head {
+                assert!(
+                    (band(p - 1), k.order[p - 1]) < (band(p), k.order[p]),
+                    "grid {grid}, {p}"
+                );
+            }
+            for p in head + 1..k.count {
+                let key = |p: usize| (std::cmp::Reverse(tiles(p)), band(p), k.order[p]);
+                assert!(key(p - 1) < key(p), "grid {grid}, tail {p}");
+            }
+            if head > 0 && tail > 0 {
+                assert!((0..head).all(|p| tiles(p) >= tiles(head)), "grid {grid}");
             }
             let run: Vec<usize> = (0..k.count).map(tiles).collect();
             let mut natural = vec![0; k.count];
             for (p, &id) in k.order.iter().enumerate() {
                 natural[id as usize] = run[p];
             }
-            let (now, before) = (imbalance(&run, grid), imbalance(&natural, grid));
+            let (now, before) = (
+                claimed_imbalance(&run, grid),
+                claimed_imbalance(&natural, grid),
+            );
             assert!(now <= before + 1e-9, "grid {grid}: {now} > {before}");
         }
     }
