@@ -2,8 +2,8 @@
 # Where the sm_90a kernels' time goes, in one device call: per-kernel durations of every launch of
 # prepare, forward, backward and the deterministic backward on a long row and a short-document
 # row, then Nsight Compute's full set (source counters: stall reasons per SASS instruction) of
-# the backward main kernel in both modes, of the forward kernel and of prepare's scatter kernel
-# (PROF_KERNELS="... scatter") on the long row.
+# the backward main kernel in both modes, of the forward kernel and of prepare's kernel
+# (PROF_KERNELS="... prepare") on the long row.
 #   PROF_ROWS=151:15,434:0 PROF_FULL_ROW=151:15 PROF_KERNELS="bwd bwd_det fwd" bash scripts/device/profile.sh
 # Output in $OUT/prof.tgz: durations-*.log, *.ncu-rep and their text exports (details, source).
 set -uo pipefail
@@ -28,6 +28,6 @@ for k in ${PROF_KERNELS:-bwd bwd_det fwd}; do case "$k" in
   bwd) prof bwd 'backward_kernel' backward ;;
   bwd_det) prof bwd_det 'backward_kernel' backward_det ;;
   fwd) prof fwd 'forward_kernel' forward ;;
-  scatter) prof scatter 'scatter_kernel' prepare ;;
+  prepare) prof prepare 'prepare_kernel' prepare ;;
 esac; done
 (cd "$OUT" && tar czf prof.tgz prof && rm -rf prof); ls -la "$OUT"

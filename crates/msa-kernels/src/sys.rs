@@ -797,7 +797,7 @@ unsafe extern "C" {
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Validates topk [4, T, 16] and builds every MsaPrepareOutputs tensor from it.\n target_q_per_cta: chunk size of the work list, a positive multiple of 8\n (msa_plan::schedule::balanced_target_q_per_cta); work_capacity: rows of scheduler_metadata\n (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what\n msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are\n scratch. Invalid entries never index out of bounds: CSR edges are the entries with\n 0 <= e < num_blocks, a repeated value once, as msa_plan::csr. Enqueues 1 memset and 4\n kernels on stream (docs/perf/schedule.md); never synchronizes. Returns a cudaError_t code."]
+    #[doc = " Validates topk [4, T, 16] and builds every MsaPrepareOutputs tensor from it.\n target_q_per_cta: chunk size of the work list, a positive multiple of 8\n (msa_plan::schedule::balanced_target_q_per_cta); work_capacity: rows of scheduler_metadata\n (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what\n msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are\n scratch. Invalid entries never index out of bounds: CSR edges are the entries with\n 0 <= e < num_blocks, a repeated value once, as msa_plan::csr. Enqueues one cooperative\n kernel on stream (docs/perf/schedule.md); never synchronizes. Returns a cudaError_t code."]
     pub fn msa_prepare_metadata(
         topk: *const i32,
         varlen: MsaVarlen,

@@ -81,8 +81,8 @@ int msa_prepare_workspace_bytes(MsaVarlen varlen, size_t* bytes);
  * (msa_plan::schedule::flat_schedule_capacity), >= 1. workspace: workspace_bytes (at least what
  * msa_prepare_workspace_bytes returned) of device memory, any alignment; its contents are
  * scratch. Invalid entries never index out of bounds: CSR edges are the entries with
- * 0 <= e < num_blocks, a repeated value once, as msa_plan::csr. Enqueues 1 memset and 4
- * kernels on stream (docs/perf/schedule.md); never synchronizes. Returns a cudaError_t code. */
+ * 0 <= e < num_blocks, a repeated value once, as msa_plan::csr. Enqueues one cooperative
+ * kernel on stream (docs/perf/schedule.md); never synchronizes. Returns a cudaError_t code. */
 int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen, int32_t target_q_per_cta,
                          int32_t work_capacity, MsaPrepareOutputs out, void* workspace,
                          size_t workspace_bytes, void* stream);

@@ -1,5 +1,6 @@
-// Prepare: the top-k validation (msa_plan::topk's per-slot rule; the first fault) and the edges
-// of both CSRs as bits of the selection bitmap (prepare_common.cuh), one thread per (head, query).
+// Prepare's select phase: the top-k validation (msa_plan::topk's per-slot rule; the first fault)
+// and the edges of both CSRs as bits of the selection bitmap (prepare_common.cuh), one thread per
+// (head, query).
 #pragma once
 
 #include "prepare/prepare_common.cuh"
@@ -17,20 +18,27 @@ __device__ __forceinline__ int entry_code(int value, bool dup, int own_block, in
     return MSA_TOPK_OK;
 }
 
-// fault = max over faults of ~(lin << 8 | code), lin = (head * T + q) * 16 + slot: the zeroed
-// word means no fault, and the maximum is the complement of the first fault.
-__global__ void __launch_bounds__(kThreads)
-    select_kernel(const int* __restrict__ topk, MsaVarlen v, Bitmap bm, int tiles,
-                  unsigned long long* fault, int* split_counts) {
-    allow_dependents();  // level_kernel waits for this grid's completion anyway
-    const QueryThread t = query_thread(v.total_q, tiles);
+struct SelectArgs {
+    const int* topk;
+    unsigned long long* fault;  // zeroed by the zero phase
+    int* split_counts;
+    int tiles;
+    unsigned ctas;  // virtual CTAs of the phase
+};
+
+// Virtual CTA `block` of the query grid (query_thread). fault = max over faults of
+// ~(lin << 8 | code), lin = (head * T + q) * 16 + slot: the zeroed word means no fault, and the
+// maximum is the complement of the first fault.
+__device__ __forceinline__ void select_block(const MsaVarlen& v, const Bitmap& bm, const SelectArgs& a,
+                                             unsigned block) {
+    const QueryThread t = query_thread(v.total_q, a.tiles, block);
     const int lane = int(threadIdx.x % 32u);
     TopkRow row{};
     Frag f{};
     unsigned long long first_fault = ~0ull;
     if (t.live) {
         f = fragment(v, v.query_fragment[t.q]);
-        row.load(topk + (static_cast<size_t>(t.head) * v.total_q + t.q) * kTopK, f.num_blocks);
+        row.load(a.topk + (static_cast<size_t>(t.head) * v.total_q + t.q) * kTopK, f.num_blocks);
         const int own = (f.k_len - f.q_len + t.q - f.q_start) / kBlock;
 #pragma unroll
         for (int s = kTopK - 1; s >= 0; --s) {
@@ -41,11 +49,11 @@ __global__ void __launch_bounds__(kThreads)
                 first_fault = lin << 8 | unsigned(code);
             }
         }
-        split_counts[t.q * kIndexHeads + t.head] = __popc(row.edges());
+        a.split_counts[t.q * kIndexHeads + t.head] = __popc(row.edges());
     }
     // Lanes hold consecutive queries of one head, so the lowest faulting lane has the warp's first.
     const unsigned faults = __ballot_sync(kFullMask, first_fault != ~0ull);
-    if (faults != 0u && lane == __ffs(int(faults)) - 1) atomicMax(fault, ~first_fault);
+    if (faults != 0u && lane == __ffs(int(faults)) - 1) atomicMax(a.fault, ~first_fault);
 
     // One atomicOr per distinct (slot, value) of the warp: the lanes that share it are its bits.
     const unsigned edges = t.live ? row.edges() : 0u;

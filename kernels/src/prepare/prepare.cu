@@ -1,19 +1,23 @@
 // Prepare family (kernels/include/msa/prepare.h): top-k validation, k2q CSR, work list and
 // physical CSR of one selection, equal word for word to msa_plan's host tables. This file holds
-// the launcher; the kernels are split by role: edges.cuh (validation, the selection bitmap),
-// columns.cuh (column prefixes, rows, offsets), scatter.cuh (CSR slots, tails, work list),
-// workspace.cuh (sizes and carve). Arch-neutral plain CUDA (CUB block primitives only).
+// the kernel's phase order and the launcher; the phases are split by role: edges.cuh
+// (validation, the selection bitmap), columns.cuh (column prefixes, rows, offsets), scatter.cuh
+// (CSR slots, tails, work list), workspace.cuh (sizes and carve). Arch-neutral plain CUDA.
 //
-// Pipeline (one stream, no host synchronization, 1 memset + 4 kernels; docs/perf/schedule.md):
-//   memset          fault word, physical counts, selection bitmap
-//   select_kernel   thread per (head, query): validation (first fault), split_counts, one bit per
-//                   edge in column (head, block) of the bitmap
-//   level_kernel    CTA per level: prefixes of its 4 columns (a warp each); the rows of the
-//                   level (row map) and their edge counts per head
-//   offsets_kernel  CTA per (scan, head), 12: row_ptr, phys_row_ptr, the work-item offsets,
-//                   work_count, the error word
-//   scatter_kernel  thread per (head, query): every edge at its final slot of both CSRs, -1
-//                   tails; scheduler_metadata rows
+// One cooperative launch (docs/perf/schedule.md): on short-document ranks the launch boundaries
+// of a memset and 4 kernels cost more than their work, so prepare_kernel runs them as phases of
+// one persistent grid (every CTA resident), separated by grid-wide barriers. Each phase loops
+// over the CTAs of the kernel it replaces ("virtual CTAs", strided by the grid), so every table
+// is written exactly as those kernels wrote it:
+//   zero      fault word, physical counts, selection bitmap (was the memset)
+//   select    thread per (head, query): validation (first fault), split_counts, one bit per
+//             edge in column (head, block) of the bitmap
+//   level     128-thread group per level: prefixes of its 4 columns (a warp each); the rows of
+//             the level (row map) and their edge counts per head
+//   offsets   CTA per (scan, head), 12: row_ptr, phys_row_ptr, the work-item offsets,
+//             work_count, the error word
+//   scatter   thread per (head, query): every edge at its final slot of both CSRs, -1 tails;
+//             scheduler_metadata rows
 //
 // Why this is deterministic and equal to the host: the host scatters edges in (head, query,
 // slot) order stably into their rows (msa_plan::csr::scatter_rows), so a row lists its queries
@@ -24,9 +28,13 @@
 
 #include "msa/prepare.h"
 
+#include <algorithm>
+#include <atomic>
+
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include "common/dependent_launch.cuh"
+#include "common/arch_dispatch.cuh"
 #include "common/launch.cuh"
 #include "prepare/columns.cuh"
 #include "prepare/edges.cuh"
@@ -35,6 +43,70 @@
 
 namespace msa {
 namespace {
+
+// The kernel's one parameter (__grid_constant__: read in place, never copied): passed as separate
+// parameters instead, the sm_90a build spilled in the scatter phase, which sits at the
+// 80-register cap of 3 CTAs per SM.
+struct PrepareArgs {
+    MsaVarlen v;
+    Bitmap bm;
+    uint4* zero;  // [zero_vectors]: the workspace's [0, zeroed_end)
+    size_t zero_vectors;
+    SelectArgs sel;
+    RowTables rt;
+    OffsetArgs oa;
+    ScatterArgs sa;
+};
+
+// Data written by one phase is read by the next only after grid.sync() (release/acquire at
+// device scope), with plain loads: nothing written in this kernel is read through
+// __restrict__ or __ldg (the non-coherent path). Phase loops are uniform per CTA (per group in
+// level), so warp votes and CTA barriers inside a phase see every thread.
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) prepare_kernel(const __grid_constant__ PrepareArgs a) {
+    __shared__ union {
+        LevelSmem level[2];
+        OffsetSmem offsets;
+    } smem;
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+    for (size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x; i < a.zero_vectors; i += stride) {
+        a.zero[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    grid.sync();
+
+    for (unsigned b = blockIdx.x; b < a.sel.ctas; b += gridDim.x) select_block(a.v, a.bm, a.sel, b);
+    grid.sync();
+
+    {  // two groups per CTA, each its own levels: level L on group L % 2 of CTA (L / 2) % grid
+        const int id = int(threadIdx.x) / kLevelThreads;
+        const LevelGroup g{id, int(threadIdx.x) % kLevelThreads, int(threadIdx.x % kLevelThreads) / 32,
+                           int(threadIdx.x % 32u)};
+        for (int level = 2 * int(blockIdx.x) + id; level < a.bm.levels; level += 2 * int(gridDim.x)) {
+            level_group(a.v, a.bm, a.rt, level, smem.level[id], g);
+        }
+    }
+    grid.sync();
+
+    for (int j = int(blockIdx.x); j < 3 * kIndexHeads; j += int(gridDim.x)) offsets_job(a.v, a.oa, j, smem.offsets);
+    grid.sync();
+
+    for (unsigned b = blockIdx.x; b < a.sa.ctas; b += gridDim.x) scatter_block(a.v, a.bm, a.sa, b);
+}
+
+// CTAs of prepare_kernel resident at once on the current device (SMs x occupancy), read once per
+// device: a cooperative launch must not ask for more (a grid barrier would wait forever on a CTA
+// that never starts; the launch fails instead).
+cudaError_t resident_ctas(int* ctas) {
+    static std::atomic<int> cache[kCachedDevices];
+    return cached_per_device(cache, ctas, [](int, int* out) -> cudaError_t {
+        int sms = 0, per_sm = 0;
+        MSA_TRY(current_device_sms(&sms));
+        MSA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kernel, kThreads, 0));
+        if (per_sm < 1) return cudaErrorCooperativeLaunchTooLarge;
+        *out = sms * per_sm;
+        return cudaSuccess;
+    });
+}
 
 cudaError_t prepare_workspace_bytes(const MsaVarlen& varlen, size_t* bytes) {
     if (bytes == nullptr) return cudaErrorInvalidValue;
@@ -53,24 +125,25 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
         workspace == nullptr || workspace_bytes < plan.total || (varlen.total_q > 0 && topk == nullptr)) {
         return cudaErrorInvalidValue;
     }
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
     char* ws = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
     auto at = [ws](size_t offset) { return static_cast<void*>(ws + offset); };
-    MSA_TRY(cudaMemsetAsync(ws, 0, plan.zeroed_end, s));
+    PrepareArgs a{};
+    a.v = varlen;
+    a.zero = static_cast<uint4*>(at(0));
+    a.zero_vectors = plan.zeroed_end / sizeof(uint4);  // kAlign-aligned, so whole vectors
 
-    Bitmap bm;
-    bm.words = static_cast<unsigned*>(at(plan.words));
-    bm.prefix = static_cast<int*>(at(plan.prefix));
-    bm.levels = plan.levels;
-    bm.stride = plan.tiles + 1;
+    a.bm.words = static_cast<unsigned*>(at(plan.words));
+    a.bm.prefix = static_cast<int*>(at(plan.prefix));
+    a.bm.levels = plan.levels;
+    a.bm.stride = plan.tiles + 1;
     auto* fault = static_cast<unsigned long long*>(at(plan.fault));
-    const unsigned query_ctas = grid_for(static_cast<long long>(kIndexHeads) * plan.tiles * kTileQueries);
-    if (query_ctas > 0) {
-        MSA_TRY(launch(select_kernel, query_ctas, kThreads, s, topk, varlen, bm, plan.tiles, fault,
-                       out.split_counts));
-    }
+    a.sel.topk = topk;
+    a.sel.fault = fault;
+    a.sel.split_counts = out.split_counts;
+    a.sel.tiles = plan.tiles;
+    a.sel.ctas = grid_for(static_cast<long long>(kIndexHeads) * plan.tiles * kTileQueries);
 
-    RowTables rt;
+    RowTables& rt = a.rt;
     rt.phys_counts = static_cast<int*>(at(plan.phys_counts));
     rt.row_offsets = static_cast<int*>(at(plan.row_offsets));
     rt.row_map = static_cast<int*>(at(plan.row_map));
@@ -83,9 +156,8 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     rt.doc_ws = out.document_workspace_starts;
     rt.doc_qoff = out.query_offsets;
     rt.target = target_q_per_cta;
-    MSA_TRY(launch_dependent(level_kernel, unsigned(plan.levels), kLevelThreads, 0, s, varlen, bm, rt));
 
-    OffsetArgs oa;
+    OffsetArgs& oa = a.oa;
     oa.fault = fault;
     oa.counts = rt.counts;
     oa.chunks = rt.chunks;
@@ -95,9 +167,8 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     oa.phys_row_ptr = out.phys_row_ptr;
     oa.work_count = out.work_count;
     oa.error_word = out.error_word;
-    MSA_TRY(launch_dependent(offsets_kernel, 3 * kIndexHeads, kOffsetThreads, 0, s, varlen, oa));
 
-    ScatterArgs sa;
+    ScatterArgs& sa = a.sa;
     sa.topk = topk;
     sa.row_offsets = rt.row_offsets;
     sa.row_map = rt.row_map;
@@ -117,9 +188,16 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     sa.target = target_q_per_cta;
     sa.capacity = work_capacity;
     sa.tiles = plan.tiles;
-    sa.query_ctas = query_ctas;
-    MSA_TRY(launch_dependent(scatter_kernel, query_ctas + grid_for(work_capacity), kThreads, 0, s, varlen, bm, sa));
-    return cudaSuccess;
+    sa.query_ctas = a.sel.ctas;
+    sa.ctas = a.sel.ctas + grid_for(work_capacity);
+
+    // The widest phase's virtual CTAs, at most what is resident: a tiny call does not start (and
+    // wait at every barrier for) hundreds of idle CTAs; the zero phase loops over any grid.
+    int resident = 0;
+    MSA_TRY(resident_ctas(&resident));
+    const unsigned widest = std::max({sa.ctas, unsigned(plan.levels + 1) / 2, unsigned(3 * kIndexHeads)});
+    const unsigned grid = std::min(widest, static_cast<unsigned>(resident));
+    return launch_cooperative(prepare_kernel, grid, kThreads, static_cast<cudaStream_t>(stream), a);
 }
 
 }  // namespace

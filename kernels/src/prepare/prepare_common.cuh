@@ -1,10 +1,9 @@
-// Constants, fragment facts and the selection bitmap shared by the prepare kernels
+// Constants, fragment facts and the selection bitmap shared by the phases of prepare_kernel
 // (kernels/src/prepare/prepare.cu).
 #pragma once
 
 #include "msa/common.h"
 #include "common/constants.cuh"
-#include "common/dependent_launch.cuh"
 #include "common/varlen.cuh"
 
 namespace msa {
@@ -15,12 +14,10 @@ static_assert(kTopK == 16, "a query's 16 slots are one thread's registers");
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kTileQueries = 32;  // queries per bitmap word: one warp, lane = q % 32
 
-constexpr int kThreads = 256;          // select and scatter kernels
-constexpr int kScatterCtasPerSm = 3;  // <= 80 registers: the 16 slots' loads in flight at once
-constexpr int kLevelThreads = 128;     // level_kernel: a warp per head's column
-constexpr int kLevelCtasPerSm = 12;    // <= 40 registers: 132 x 12 CTAs hold L_max ~ 1,500 in one wave
-constexpr int kOffsetThreads = 1024;   // offsets_kernel: a CTA scans one head's counts
-constexpr int kOffsetItems = 8;        // items per thread per pass of those scans
+constexpr int kThreads = 256;       // prepare_kernel's CTA
+constexpr int kCtasPerSm = 3;       // <= 80 registers: scatter's 16 slots' loads in flight at once
+constexpr int kLevelThreads = 128;  // a level group (half a CTA): a warp per head's column
+constexpr int kOffsetItems = 16;    // items per thread per pass of the offsets scans (32 spilled)
 
 // The fragment facts the kernels below use, evaluated once (common/varlen.cuh's helper).
 struct Frag {
@@ -43,8 +40,8 @@ __device__ __forceinline__ Frag fragment(const MsaVarlen& v, int b) {
 // the last always zero, so prefix(T) needs no special case. prefix holds each word's exclusive
 // prefix of set bits within its column.
 struct Bitmap {
-    unsigned* words;  // [4 * levels, stride], zeroed before the select kernel
-    int* prefix;      // [4 * levels, stride], written by level_kernel
+    unsigned* words;  // [4 * levels, stride], zeroed before the select phase
+    int* prefix;      // [4 * levels, stride], written by the level phase
     int levels;       // max(max_blocks, 1)
     int stride;       // ceil(T / 32) + 1
 
@@ -79,8 +76,7 @@ __device__ __forceinline__ void load_topk_row(const int* __restrict__ row, int (
 }
 
 // One (head, query) top-k row in registers and the rules of msa_plan::topk and msa_plan::csr:
-// an entry is an edge iff 0 <= e < num_blocks and no earlier slot holds the same value; its
-// writer rank counts the row's valid entries with a smaller block id.
+// an entry is an edge iff 0 <= e < num_blocks and no earlier slot holds the same value.
 struct TopkRow {
     int value[kTopK];
     unsigned valid;  // bit s: 0 <= value[s] < num_blocks
@@ -100,12 +96,6 @@ struct TopkRow {
         }
     }
     __device__ __forceinline__ unsigned edges() const { return valid & ~dup; }
-    __device__ __forceinline__ int rank(int s) const {
-        int r = 0;
-#pragma unroll
-        for (int j = 0; j < kTopK; ++j) r += ((valid >> j) & 1u) && value[j] < value[s] ? 1 : 0;
-        return r;
-    }
 };
 
 // The same row's entries ascending as unsigned keys, each invalid entry (outside [0,
@@ -146,20 +136,23 @@ struct SortedRow {
     }
 };
 
-// The query-shaped grid: thread (head, tile, lane) owns packed query q = 32 tile + lane of that
-// head, so a warp is one bitmap word; lanes with q >= T are dead but take part in warp votes.
+// The query-shaped phases (select, scatter) in virtual CTAs of kThreads: thread (head, tile,
+// lane) of virtual CTA `block` owns packed query q = 32 tile + lane of that head, so a warp is one
+// bitmap word; lanes with q >= T are dead but take part in warp votes.
 struct QueryThread {
     int head;
     int q;
     bool live;
 };
 
-__device__ __forceinline__ QueryThread query_thread(int total_q, int tiles) {
-    const long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
-    const long long per_head = static_cast<long long>(tiles) * kTileQueries;
+__device__ __forceinline__ QueryThread query_thread(int total_q, int tiles, unsigned block) {
+    // 32-bit: i < 4 * 32 * tiles + 256 (make_plan bounds 64 T below 2^31), and a 64-bit division
+    // is a subroutine call whose clobbers made the kernel spill.
+    const unsigned i = block * kThreads + threadIdx.x;
+    const unsigned per_head = static_cast<unsigned>(tiles) * kTileQueries;
     QueryThread t;
     t.head = int(i / per_head);
-    t.q = int(i - t.head * per_head);
+    t.q = int(i - static_cast<unsigned>(t.head) * per_head);
     t.live = t.head < kIndexHeads && t.q < total_q;
     return t;
 }

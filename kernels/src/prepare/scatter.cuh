@@ -1,5 +1,5 @@
-// Prepare: the CSR edges at their final slots, the -1 tails and the forward work list
-// (msa_plan::csr, msa_plan::schedule::build_work_items), after the level and offsets kernels.
+// Prepare's scatter phase: the CSR edges at their final slots, the -1 tails and the forward work
+// list (msa_plan::csr, msa_plan::schedule::build_work_items), after the level and offsets phases.
 #pragma once
 
 #include "prepare/prepare_common.cuh"
@@ -27,7 +27,8 @@ struct ScatterArgs {
     int target;
     int capacity;
     int tiles;
-    unsigned query_ctas;  // CTAs of the query part; the rest write scheduler_metadata
+    unsigned query_ctas;  // virtual CTAs of the query part; the rest write scheduler_metadata
+    unsigned ctas;        // all virtual CTAs of the phase
 };
 
 // Edge (head h, query q, block L) of fragment b sits in its k2q row (b, L) at
@@ -36,7 +37,7 @@ struct ScatterArgs {
 // count: both rows list queries in ascending packed order, and the count is the column's bits
 // between the fragment's first query and q. The bitmap holds each (query, block) once, so a
 // duplicate entry is one edge (msa_plan::csr). The row is walked in ascending block order
-// (SortedRow), where an edge's writer rank is its position. This kernel is bound by the query
+// (SortedRow), where an edge's writer rank is its position. This phase is bound by the query
 // part's instructions (straight-line, 11.6 warps per SM: docs/perf/schedule.md), so the head's
 // tables are offset once and each slot indexes them with 32-bit offsets.
 __device__ __forceinline__ void scatter_query(const MsaVarlen& v, const Bitmap& bm, const ScatterArgs& a,
@@ -158,14 +159,15 @@ __device__ __forceinline__ void work_item(const MsaVarlen& v, const ScatterArgs&
     for (int w = 0; w < kWorkWords; ++w) out[w] = words[w];
 }
 
-__global__ void __launch_bounds__(kThreads, kScatterCtasPerSm) scatter_kernel(MsaVarlen v, Bitmap bm, ScatterArgs a) {
-    grid_dependency_wait();  // offsets_kernel's tables
-    if (blockIdx.x < a.query_ctas) {
-        const QueryThread t = query_thread(v.total_q, a.tiles);
+// Virtual CTA `block`: the query grid's first (query_thread), then the work list's.
+__device__ __forceinline__ void scatter_block(const MsaVarlen& v, const Bitmap& bm, const ScatterArgs& a,
+                                              unsigned block) {
+    if (block < a.query_ctas) {
+        const QueryThread t = query_thread(v.total_q, a.tiles, block);
         scatter_query(v, bm, a, t);  // first: its loads would wait behind the tails' stores
         scatter_tails(v, a, t, int(threadIdx.x % 32u));
     } else {
-        work_item(v, a, int((blockIdx.x - a.query_ctas) * kThreads + threadIdx.x));
+        work_item(v, a, int((block - a.query_ctas) * kThreads + threadIdx.x));
     }
 }
 

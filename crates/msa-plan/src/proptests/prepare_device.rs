@@ -82,7 +82,7 @@ fn device_rule(l: &VarlenLayout, topk: &[i32]) -> (K2qCsr, PhysicalCsr) {
     bm.words = vec![0; 4 * bm.levels * bm.stride];
     let qf = l.query_fragments();
     let mut split_counts = vec![0; t * 4];
-    // select_kernel.
+    // The select phase.
     for h in 0..4 {
         for q in 0..t {
             let f = &frags[qf[q] as usize];
@@ -95,7 +95,7 @@ fn device_rule(l: &VarlenLayout, topk: &[i32]) -> (K2qCsr, PhysicalCsr) {
             }
         }
     }
-    // column_kernel: prefixes, rows, counts.
+    // The level phase: prefixes, rows, counts.
     bm.prefix = vec![0; bm.words.len()];
     for col in (0..bm.words.len()).step_by(bm.stride) {
         let mut acc = 0;
@@ -159,7 +159,7 @@ fn device_rule(l: &VarlenLayout, topk: &[i32]) -> (K2qCsr, PhysicalCsr) {
         phys.row_ptr
             .extend(exclusive_scan(&phys_counts[h * blocks..(h + 1) * blocks]));
     }
-    // scatter_kernel.
+    // The scatter phase.
     for h in 0..4 {
         for q in 0..t {
             let b = qf[q] as usize;

@@ -147,7 +147,7 @@ pub fn prepare_workspace_bytes(shape: &CallShape) -> Result<usize> {
 }
 
 /// Validate `topk` (`[4, T, 16]` i32) and build every tensor of `out` from it on `stream`: one
-/// launcher (1 memset, 4 kernels), no host synchronization, never an out-of-bounds access on an
+/// launcher (one cooperative kernel), no host synchronization, never an out-of-bounds access on an
 /// invalid selection (CSR edges are the entries `0 <= e < num_blocks`, a repeated value once),
 /// graph-capturable. The selection is NOT checked on the host: read
 /// `out.error_word` with [`validate_prepare`] (or on the device) before trusting the metadata;
