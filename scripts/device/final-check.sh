@@ -14,26 +14,27 @@
 # (forward, v1's forward beside it, both backward modes, 3 iterations; FINAL_PATTERN_STAGES
 # replaces the list, FINAL_PATTERN_LIMIT the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs
 # no correctness job; FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
-# and msa (variants-bench.sh's layout; the torch job always tests target/wheels). FINAL_FLEX_EXACT=N
+# and msa (variants-bench.sh's layout; the torch job always tests target/wheels), FINAL_BENCH=.gpu-bundle/var/NAME
+# times that variant's msa (the peers stay main's bundle's). FINAL_FLEX_EXACT=N
 # adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
 # with its ratio to msa bench's time and their weighted aggregates (scripts/bench_peers.py).
 # The timings run under scripts/device/clocks.sh (SM clock, power, temperature every 100 ms).
 # Logs under $OUT/<job>/, packed into $OUT/final.tgz (few files come back).
 set -uo pipefail
-R="$PWD"; b="$R/.gpu-bundle"; suite="$R/${FINAL_SUITE:-.gpu-bundle}"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
+R="$PWD"; b="$R/.gpu-bundle"; m="$R/${FINAL_BENCH:-.gpu-bundle}"; suite="$R/${FINAL_SUITE:-.gpu-bundle}"; end=$((SECONDS + ${FINAL_LIMIT:-340}))
 bash scripts/device/unpack-variants.sh || exit 1
 mkdir -p "$OUT/f"; F="$OUT/f"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ -z "${FINAL_SKIP_TIMING:-}" ]; then
 echo "=== bench (dev suite)"
-(cd "$b" && bash "$R/scripts/device/clocks.sh" "$F/clocks-bench.csv" timeout 120 ./msa bench --suite ../data/cases/dev_bench.json \
+(cd "$m" && bash "$R/scripts/device/clocks.sh" "$F/clocks-bench.csv" timeout 120 ./msa bench --suite "$R/data/cases/dev_bench.json" \
    --pattern recent16 --stages prepare,forward,backward,backward_det --warmup 1 --iters 5 --json "$F/bench.jsonl" \
    > "$F/bench.log" 2>&1; echo "rc=$?")
 sed -n '/^summary/,$p' "$F/bench.log"; grep -E "prepare as %" "$F/bench.log"
 if [ -n "${FINAL_PATTERNS:-}" ]; then
 echo "=== bench (dev suite, $FINAL_PATTERNS)"
-(cd "$b" && bash "$R/scripts/device/clocks.sh" "$F/clocks-patterns.csv" timeout "${FINAL_PATTERN_LIMIT:-240}" ./msa bench \
-   --suite ../data/cases/dev_bench.json --pattern "$FINAL_PATTERNS" \
+(cd "$m" && bash "$R/scripts/device/clocks.sh" "$F/clocks-patterns.csv" timeout "${FINAL_PATTERN_LIMIT:-240}" ./msa bench \
+   --suite "$R/data/cases/dev_bench.json" --pattern "$FINAL_PATTERNS" \
    --stages "${FINAL_PATTERN_STAGES:-forward,forward_sm80,backward,backward_det}" --warmup 1 --iters 3 --json "$F/patterns.jsonl" > "$F/patterns.log" 2>&1; echo "rc=$?")
 sed -n '/^summary/,/^prepare as/p' "$F/patterns.log" | grep -E "^  [a-z0-9]+ +(forward|backward)"; grep -h "^clocks:" "$F/patterns.log"
 fi
@@ -48,7 +49,7 @@ grep -E "ms/call|passed|failed" "$F/overhead.log" | tail -8
 fi
 if [ "${FINAL_NCU:-1}" = 1 ]; then
 echo "=== ncu prepare and run orders, 151:7"
-(cd "$b" && timeout 40 ncu --clock-control none \
+(cd "$m" && timeout 40 ncu --clock-control none \
    -k regex:"prepare_kernel|tile_order_kernel|backward_items_kernel" \
    --metrics gpu__time_duration.sum,launch__grid_size ./msa bench --cases 151:7 --pattern recent16 \
    --stages prepare,forward,backward --warmup 0 --iters 1 > "$F/ncu.log" 2>&1; echo "rc=$?"); grep -E "_kernel|gpu__time" "$F/ncu.log" | head -24

@@ -1,0 +1,5 @@
+# Run 61 (session 13): the correctness jobs that hit run 60's time bound, re-run alone on the same
+# (warm) machine against main's bundle (bb7153e + bwd-claim + prep-persist): attention_matches
+# on edge groups 11..22 and 22..33, the GPU reference on the edge layouts, the real cases 34..48.
+# From the repository root; carried: .gpu-bundle.
+mkdir -p $OUT/j; cd .gpu-bundle; for s in 11..22 22..33; do (MSA_GPU_RESULTS=$OUT/j MSA_KERNEL_SETS=sm90 MSA_EDGE_GROUPS=$s timeout 290 ./gpu-suite attention_matches --nocapture > $OUT/j/edge${s%..*}.log 2>&1; echo "edge $s rc=$?" >> $OUT/j/edge${s%..*}.log) & done; (timeout 290 ./gpu-suite --exact reference::gpu_reference_matches_the_cpu_reference_on_edge_layouts > $OUT/j/ref.log 2>&1; echo "ref rc=$?" >> $OUT/j/ref.log) & for s in 34..41 41..48; do (MSA_REAL_FULL=0 MSA_REAL_CASES=$s timeout 290 ./gpu-suite real_cases --test-threads=1 --nocapture > $OUT/j/real${s%..*}.log 2>&1; echo "real $s rc=$?" >> $OUT/j/real${s%..*}.log) & done; wait; for f in $OUT/j/*.log; do echo "== $f"; grep -E "test result|FAILED|panicked|rc=" $f | tail -4; done; cd $OUT && tar czf j.tgz j && rm -rf j
