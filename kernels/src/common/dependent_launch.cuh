@@ -39,18 +39,10 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
     int sm = 0;
     MSA_TRY(current_device_sm(&sm));
     if (smem > 0) MSA_TRY(opt_in_smem(kernel, smem));
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = runs_sm90a(sm) ? 1 : 0;
-    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-    return cudaGetLastError();
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    return launch_ex(kernel, grid, block, smem, stream, runs_sm90a(sm) ? &attr : nullptr, std::forward<Args>(args)...);
 }
 
 }  // namespace msa

@@ -7,6 +7,15 @@ use proptest::prelude::*;
 
 use crate::lpt::{claim_order, claimed_imbalance, lpt_order, snake_position, LPT_BINS};
 
+/// Whether `order` lists each of `0..n` exactly once.
+fn is_permutation(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&i| i < n && !std::mem::replace(&mut seen[i], true))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -17,11 +26,7 @@ proptest! {
     ) {
         let n = costs.len();
         let order = lpt_order(&costs, grid);
-        let mut seen = vec![false; n];
-        for &i in &order {
-            prop_assert!(i < n && !seen[i], "item {} twice or out of range", i);
-            seen[i] = true;
-        }
+        prop_assert!(is_permutation(&order, n), "not a permutation of 0..{}: {:?}", n, order);
         // Unwound from the snake, the list is sorted by clamped cost, descending, ties by id.
         let key = |i: usize| (std::cmp::Reverse(costs[i].min(LPT_BINS - 1)), i);
         let sorted: Vec<usize> = (0..n).map(|j| order[snake_position(j, n, grid)]).collect();
@@ -50,12 +55,7 @@ proptest! {
     ) {
         let n = costs.len();
         let order = claim_order(&costs, grid);
-        let mut seen = vec![false; n];
-        for &i in &order {
-            prop_assert!(i < n && !seen[i], "item {} twice or out of range", i);
-            seen[i] = true;
-        }
-        prop_assert_eq!(order.len(), n);
+        prop_assert!(is_permutation(&order, n), "not a permutation of 0..{}: {:?}", n, order);
         let c = |i: usize| costs[i].min(LPT_BINS - 1);
         // The spec: the stable longest-first order's shortest suffix whose costs reach grid x
         // the longest cost / 2 (all of it when none does) goes last in that order, the rest
