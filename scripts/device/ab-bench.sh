@@ -2,7 +2,7 @@
 # A/B timing of two builds in one device call, on a quiet GPU: the development benchmark
 # (recent16, 32 rows, medians) with .gpu-bundle/msa ("new") and .gpu-bundle/old/msa ("old", the
 # build it is compared with: copy its msa there before carrying), back to back; then each
-# variant's `tile_order_kernel` / `backward_items_kernel` time under ncu on two rows.
+# variant's `backward_items_kernel` time under ncu on two rows.
 #   AB_STAGES=prepare,forward,backward,backward_det bash scripts/device/ab-bench.sh
 # Logs and JSON under $OUT/ab/ (scripts/ab-compare.py prints the per-row ratios).
 set -uo pipefail
@@ -17,7 +17,7 @@ for v in new old; do
 done
 for v in new old; do
   d="$b"; [ "$v" = old ] && d="$b/old"
-  (cd "$d" && timeout 60 ncu --clock-control none -k regex:"tile_order_kernel|backward_items_kernel" \
+  (cd "$d" && timeout 60 ncu --clock-control none -k regex:"backward_items_kernel" \
      --metrics gpu__time_duration.sum ./msa bench --cases 151:15,434:0 --pattern recent16 --stages forward,backward \
      --warmup 0 --iters 1 > "$F/ncu-$v.log" 2>&1; echo "ncu $v rc=$?")
   grep -E "_kernel|gpu__time" "$F/ncu-$v.log" | head -8

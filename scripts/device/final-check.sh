@@ -50,7 +50,7 @@ fi
 if [ "${FINAL_NCU:-1}" = 1 ]; then
 echo "=== ncu prepare and run orders, 151:7"
 (cd "$m" && timeout 40 ncu --clock-control none \
-   -k regex:"prepare_kernel|tile_order_kernel|backward_items_kernel" \
+   -k regex:"prepare_kernel|backward_items_kernel" \
    --metrics gpu__time_duration.sum,launch__grid_size ./msa bench --cases 151:7 --pattern recent16 \
    --stages prepare,forward,backward --warmup 0 --iters 1 > "$F/ncu.log" 2>&1; echo "rc=$?"); grep -E "_kernel|gpu__time" "$F/ncu.log" | head -24
 fi

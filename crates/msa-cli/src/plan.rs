@@ -10,7 +10,7 @@ use msa_plan::backward::kv_items::{backward_grid, build_kv_items, item_tiles, kv
 use msa_plan::backward::{build_backward_tasks, MsaBackwardSchedule};
 use msa_plan::csr::{build_k2q_csr, build_physical_csr};
 use msa_plan::flops::{causal_elements, selected_elements, sparse_elements, FlopModel};
-use msa_plan::lpt::{claimed_imbalance, imbalance, lpt_order};
+use msa_plan::lpt::{claimed_imbalance, imbalance};
 use msa_plan::schedule::{balanced_target_q_per_cta, build_work_items, flat_schedule_capacity};
 use msa_plan::tiles::tile_union_sizes;
 use msa_plan::topk::validate_topk;
@@ -115,8 +115,8 @@ const ITEM_OVERHEAD_TILES: usize = 2;
 
 /// The sm_90a kernels' balance over their persistent grids: the most-loaded CTA's cost over the
 /// mean when the CTAs stride over the work in natural order, and as the kernels run it (the
-/// backward's CTAs claim its items in the claim order, the forward's stride over the longest-first
-/// order: `msa_plan::lpt`); (backward, forward). Costs: an item's tiles plus its K/V load and
+/// backward's CTAs claim its items in the claim order, the forward's in natural order:
+/// `msa_plan::lpt`); (backward, forward). Costs: an item's tiles plus its K/V load and
 /// dK/dV store (`ITEM_OVERHEAD_TILES`), a forward tile's union size plus 1.
 fn sm90_balance(
     layout: &msa_plan::VarlenLayout,
@@ -140,10 +140,9 @@ fn sm90_balance(
     let sizes = tile_union_sizes(layout, topk);
     let fgrid = sizes.len().min(sms).max(1);
     let natural: Vec<usize> = sizes.iter().map(|&u| u + 1).collect();
-    let run: Vec<usize> = lpt_order(&sizes, fgrid)
-        .into_iter()
-        .map(|i| natural[i])
-        .collect();
-    let fwd = (imbalance(&natural, fgrid), imbalance(&run, fgrid));
+    let fwd = (
+        imbalance(&natural, fgrid),
+        claimed_imbalance(&natural, fgrid),
+    );
     Ok((bwd, fwd))
 }

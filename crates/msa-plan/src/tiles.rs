@@ -1,7 +1,7 @@
-//! Work items of the sm_90a forward (kernels/src/attention/tile_union.cuh): per KV group `g`, a
+//! Work items of the sm_90a forward (kernels/src/attention/forward_sm90.cuh): per KV group `g`, a
 //! tile of 8 consecutive packed queries; its cost is the size of its block union (the distinct
-//! physical blocks its queries selected). Item `g · tiles + tile`; the kernel runs them in the
-//! longest-first order of [`crate::lpt`] with the union size as the cost.
+//! physical blocks its queries selected). Item `g · tiles + tile`; the kernel's CTAs claim them
+//! in that order ([`crate::lpt::claimed_imbalance`]).
 
 use crate::layout::VarlenLayout;
 use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
@@ -9,7 +9,7 @@ use crate::topology::{NUM_KV_HEADS, TOPK_BLOCKS};
 /// Queries per tile of the sm_90a forward (abi.h `MSA_FWD_TILE_QUERIES`).
 pub const TILE_QUERIES: usize = 8;
 
-/// `[4 · tiles]`: the union size of each item, as `tile_union_kernel` counts it.
+/// `[4 · tiles]`: the union size of each item, as the kernel's `build_union_warp` counts it.
 pub fn tile_union_sizes(layout: &VarlenLayout, topk: &[i32]) -> Vec<usize> {
     let t = layout.total_q();
     let tiles = t.div_ceil(TILE_QUERIES);

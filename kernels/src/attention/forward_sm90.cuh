@@ -1,24 +1,24 @@
 // Sparse attention forward for Hopper (sm_90a): the "F1" shared-selection kernel of
 // docs/perf/attention-forward-sm90.md. A work item is (KV group g, tile of 8 consecutive packed
 // queries), 128 rows = 8 queries x the group's 16 heads; it runs one online softmax over the
-// tile's block union (tile_union.cuh), so every K/V block is loaded once per tile and each
-// 128 x 128 block product is one pair of wgmma chains.
+// tile's block union, so every K/V block is loaded once per tile and each 128 x 128 block
+// product is one pair of wgmma chains.
 //
-// Warp specialization (FlashAttention-3's structure): 384 threads, warpgroup 0 is the producer
-// (one thread issues TMA loads of Q and of K and V per block into a 2-stage ring), warpgroups 1
-// and 2 are consumers owning rows 0-63 (queries 0-3) and 64-127 (queries 4-7). In the m64
-// accumulator layout warp w of a consumer holds rows 16w..16w+15: one query's 16 heads, so the
-// causal and selection masks are warp-uniform (a query that did not choose a union block gets
-// P = 0 for it). S = QK^T is an SS wgmma chain; O += PV takes P from registers (RS).
-// kStream (the production schedule) issues S of block j+1 together with PV of block j, across
-// tile boundaries too, and runs the softmax of j+1 while PV is in flight; the two consumers take
-// turns issuing (pingpong, named barriers 1 and 2) so one warpgroup's softmax hides behind the
-// other's matrix products. !kStream is the serial schedule, kept as the baseline it is measured
-// against.
+// Warp specialization (FlashAttention-3's structure): 384 threads, warpgroup 0 is the producer,
+// warpgroups 1 and 2 are consumers owning rows 0-63 (queries 0-3) and 64-127 (queries 4-7). In
+// the producer, warp 1 (the builder) claims items and builds each one's union (build_union_warp)
+// a tile ahead, and lane 0 of warp 0 (the loader) issues the TMA loads of Q and of K and V per
+// union block into a 2-stage ring. In the m64 accumulator layout warp w of a consumer holds rows
+// 16w..16w+15: one query's 16 heads, so the causal and selection masks are warp-uniform (a query
+// that did not choose a union block gets P = 0 for it). S = QK^T is an SS wgmma chain; O += PV
+// takes P from registers (RS). S of block j+1 is issued together with PV of block j, across tile
+// boundaries too, and the softmax of j+1 runs while PV is in flight; the two consumers take turns
+// issuing (pingpong, named barriers 1 and 2) so one warpgroup's softmax hides behind the other's
+// matrix products.
 //
-// Persistent: gridDim.x CTAs stride over the items in the longest-first run order of
-// tile_order_kernel (the most-loaded CTA was 1.01-1.10x the mean in natural order on the
-// development ranks); items whose union exceeds `union_max` are left to the v1 kernel.
+// Persistent: gridDim.x CTAs claim items in their natural order (group-major, tiles ascending,
+// so CTAs working at the same time share K/V blocks in L2), the first by CTA index and the rest
+// from a counter, so they finish within about one item of each other without a sorted run list.
 #pragma once
 
 #include <cstdint>
@@ -29,14 +29,13 @@
 #include "msa/common.h"
 #include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
-#include "common/dependent_launch.cuh"
 #include "common/launch.cuh"
 #include "common/varlen.cuh"
 #include "common/sm90/arch.cuh"
 #include "common/sm90/barrier.cuh"
 #include "common/sm90/tma.cuh"
 #include "common/sm90/wgmma.cuh"
-#include "attention/tile_union.cuh"
+#include "attention/block_union.cuh"
 
 
 namespace msa::fwd90 {
@@ -52,9 +51,19 @@ constexpr int kTileBytes = 2 * kHalfBytes;                 // 32 KiB
 constexpr int kWgRowBytes = 64 * 128;                      // 64 rows of one half
 constexpr int kOutStageBytes = kHeadsPerGroup * kHeadDim * 2;  // one query's 16 heads, two 64-d halves
 
-// One union block as tile_union_kernel lists it: (physical block, packed K row of key 0, stored
+// One union block as build_union_warp lists it: (physical block, packed K row of key 0, stored
 // keys, mask of the tile queries that chose it).
 using StageInfo = int4;
+
+// One tile from the builder to the loader (slot n % kSlots, so the builder runs up to kSlots
+// tiles ahead) and from the loader to the consumers (tile n % 2, beside Q buffer n % 2): the
+// claimed item, its union size (-1: no more items) and its queries' workspace positions (-1 past
+// T).
+constexpr int kSlots = 4;
+struct TileSlot {
+    int item, u;
+    int wpos[kQueriesPerCta];
+};
 
 struct Smem {
     uint8_t q[2][kTileBytes];
@@ -62,7 +71,11 @@ struct Smem {
     uint8_t v[kStagesV][kTileBytes];
     uint8_t ostage[8][kOutStageBytes];  // per consumer warp: its query's O for the TMA store
     StageInfo info[kStagesK];
-    StageInfo list[kUnionMax];  // the producer's copy of the current tile's union
+    StageInfo list[kUnionMax];  // the loader's copy of the current tile's union
+    alignas(16) uint32_t keys[kUnionMax];  // the builder's sorted keys
+    TileSlot slot[kSlots];
+    TileSlot tile[2];
+    uint64_t slot_full[kSlots], slot_empty[kSlots];
     uint64_t q_full[2], q_empty[2];
     uint64_t k_full[kStagesK], k_empty[kStagesK], v_full[kStagesV], v_empty[kStagesV];
 };
@@ -70,20 +83,17 @@ constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
 static_assert(kSmemBytes <= kMaxSmemSm90, "the forward's shared memory fits a block");
 
 struct Params {
-    const int2* run;        // [4 * tiles]: (item, union size) in run order (tile_order_kernel)
-    const int4* entries;    // [4, tiles, 128]
-    const int32_t* wpos;    // [T]
+    const int32_t* topk;  // [4, T, 16]
+    int4* entries;        // [4, tiles, 128]: each item's union, written by its builder
+    int* claim;           // items claimed past the first gridDim.x; zero at launch
     MsaVarlen varlen;
     uint16_t* out;
     float* lse;
     int tiles;
-    int union_max;
 };
 
 #if MSA_SM90A_ENABLED
 using namespace msa::sm90;
-
-__device__ __forceinline__ bool takes(int u, int union_max) { return u <= union_max; }
 
 // 2^x by the MUFU unit, denormal results flushed (exp2f adds range fix-ups around it).
 __device__ __forceinline__ float ex2(float x) {
@@ -208,28 +218,127 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[8][
 __device__ __forceinline__ void turn_wait(int wg) { named_sync(1 + wg, 256); }
 __device__ __forceinline__ void turn_pass(int wg) { named_arrive(1 + (wg ^ 1), 256); }
 
-// The CTA's items in run order (list positions blockIdx.x + k * gridDim.x), with the next item
-// and its union size loaded a whole item ahead, so no tile starts on a global-memory round trip.
-struct ItemCursor {
-    int pos, item, u;
-    int2 next;
+// Sorts the warp's 128 keys ascending, lane l holding keys 4 l .. 4 l + 3: a bitonic network in
+// registers (pairs 4 or more keys apart by shuffles across lanes, nearer ones within a lane),
+// 28 compare-exchange steps.
+__device__ __forceinline__ void warp_sort128(uint32_t (&k)[4]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int size = 2; size <= 128; size <<= 1) {
+        const bool up = ((4 * lane) & size) == 0;  // this lane's keys sort ascending (size >= 4)
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            if (stride >= 4) {
+                const int lanes = stride >> 2;
+                const bool keep_min = ((lane & lanes) != 0) != up;  // the pair's lower key keeps the min going up
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const uint32_t other = __shfl_xor_sync(0xffffffffu, k[r], lanes);
+                    k[r] = keep_min ? min(k[r], other) : max(k[r], other);
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int q = r ^ stride;
+                    if (q < r) continue;
+                    const bool asc = size == 2 ? (r & 2) == 0 : up;
+                    const uint32_t lo = min(k[r], k[q]), hi = max(k[r], k[q]);
+                    k[r] = asc ? lo : hi;
+                    k[q] = asc ? hi : lo;
+                }
+            }
+        }
+    }
+}
 
-    __device__ __forceinline__ ItemCursor(const Params& p) : pos(blockIdx.x) {
-        const int items = kGroups * p.tiles;
-        const int2 here = pos < items ? p.run[pos] : make_int2(0, 0);
-        item = here.x;
-        u = here.y;
-        next = pos + static_cast<int>(gridDim.x) < items ? p.run[pos + gridDim.x] : make_int2(0, 0);
+// The union of one item's selections, built by one warp. Lane l reads query l / 4's top-k slots
+// 4 (l % 4) .. + 3 as keys (physical block << 3 | query; kNone for a slot outside the contract's
+// valid range), the warp sorts them, and a key is its block's first occurrence when the key below
+// holds another block: its rank among the distinct blocks comes from ballots, its query mask from
+// the run of equal blocks above it (in `keys`, shared memory). Writes out[0, n) ascending by block
+// and the queries' workspace positions into wpos; returns n (warp-uniform). ~600 instructions a
+// tile; the two O(n^2) passes of the first version cost ~5,000 and slowed the forward (run 63).
+__device__ __forceinline__ int build_union_warp(uint32_t* keys, const int32_t* __restrict__ topk, const MsaVarlen& v,
+                                                int g, int t0, int4* __restrict__ out, int* wpos) {
+    constexpr uint32_t kNone = 0xFFFFFFFFu;  // sorts last; block 2^29 - 1 is past any workspace
+    const int lane = threadIdx.x & 31;
+    const int qi = lane >> 2, t = t0 + qi;
+    uint32_t k[4] = {kNone, kNone, kNone, kNone};
+    if (t < v.total_q) {
+        const int32_t* row = topk + (static_cast<int64_t>(g) * v.total_q + t) * kTopK + 4 * (lane & 3);
+        const QueryCoord c = query_coord(v, t);
+        const int last = c.pos / kBlock;  // the contract's valid range, as the v1 union keeps it
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int e = row[r];
+            if (e >= 0 && e <= last) k[r] = (static_cast<uint32_t>(c.phys_base + e) << 3) | static_cast<uint32_t>(qi);
+        }
+        if ((lane & 3) == 0) wpos[qi] = c.phys_base * kBlock + c.pos;
+    } else if ((lane & 3) == 0) {
+        wpos[qi] = -1;
     }
-    __device__ __forceinline__ bool valid(const Params& p) const { return pos < kGroups * p.tiles; }
-    __device__ __forceinline__ void advance(const Params& p) {
-        pos += gridDim.x;
-        item = next.x;
-        u = next.y;
-        const int after = pos + static_cast<int>(gridDim.x);
-        next = after < kGroups * p.tiles ? p.run[after] : make_int2(0, 0);
+    warp_sort128(k);
+    uint32_t below = __shfl_up_sync(0xffffffffu, k[3], 1);
+    if (lane == 0) below = kNone;
+    bool first[4];
+    int rank = 0, n = 0;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const uint32_t prev = r > 0 ? k[r - 1] : below;
+        first[r] = k[r] != kNone && (k[r] >> 3) != (prev >> 3);
+        const unsigned firsts = __ballot_sync(0xffffffffu, first[r]);
+        rank += __popc(firsts & ((1u << lane) - 1u));
+        n += __popc(firsts);
     }
-};
+    __syncwarp();  // the previous item's run scans have read keys
+    reinterpret_cast<uint4*>(keys)[lane] = make_uint4(k[0], k[1], k[2], k[3]);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        if (!first[r]) continue;
+        const uint32_t block = k[r] >> 3;
+        unsigned mask = 0u;
+        for (int i = 4 * lane + r; i < kUnionMax && (keys[i] >> 3) == block; ++i) mask |= 1u << (keys[i] & 7u);
+        const BlockKeys bk = block_keys(v, static_cast<int>(block));
+        out[rank++] = make_int4(static_cast<int>(block), bk.start, bk.count, static_cast<int>(mask));
+    }
+    return n;
+}
+
+// Warp 1 of the producer warpgroup: claims items in natural order, the first by CTA index and
+// the rest from the counter (fetched while the current union is built), builds each union and
+// hands tile n over in slot n % kSlots once the loader has taken tile n - kSlots from it.
+__device__ __forceinline__ void builder(Smem& sm, const Params& p) {
+    const int lane = threadIdx.x & 31;
+    const int items = kGroups * p.tiles;
+    int item = blockIdx.x;
+    for (int n = 0;; ++n) {
+        const int b = n % kSlots;
+        mbar_wait(&sm.slot_empty[b], ((n / kSlots) & 1) ^ 1);
+        TileSlot& slot = sm.slot[b];
+        if (item >= items) {
+            if (lane == 0) {
+                slot.item = 0;
+                slot.u = -1;
+            }
+            __syncwarp();
+            mbar_arrive(&sm.slot_full[b]);
+            return;
+        }
+        int next = 0;
+        if (lane == 0) next = static_cast<int>(gridDim.x) + atomicAdd(p.claim, 1);
+        const int g = item / p.tiles, t0 = (item - g * p.tiles) * kQueriesPerCta;
+        const int u = build_union_warp(sm.keys, p.topk, p.varlen, g, t0,
+                                       p.entries + static_cast<int64_t>(item) * kUnionMax, slot.wpos);
+        if (lane == 0) {
+            slot.item = item;
+            slot.u = u;
+        }
+        item = __shfl_sync(0xffffffffu, next, 0);
+        __syncwarp();
+        mbar_arrive(&sm.slot_full[b]);  // per lane: its entries and positions are written
+    }
+}
 
 // Where a consumer warp's epilogue writes O: the out map (boxes of 64 d x 16 heads x 1 query) and
 // the warp's staging buffer in the map's 128-byte-swizzled layout.
@@ -328,49 +437,6 @@ __device__ __forceinline__ void zero(float (&o)[64]) {
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
 }
 
-// Per item: S, softmax and PV of each block in turn, nothing in flight across blocks or tiles.
-// The reference schedule for the streaming consumer below.
-__device__ __forceinline__ void consumer_serial(Smem& sm, const Params& p, int wg, const OutPort& op) {
-    const int token = 4 * wg + ((threadIdx.x >> 5) & 3);
-    int tile_it = 0, kb = 0;
-    ConsumerState cs{sm};
-    float o[64];
-    for (ItemCursor it(p); it.valid(p); it.advance(p)) {
-        const int u = it.u;
-        if (!takes(u, p.union_max)) continue;
-        TileQuery q;
-        q.g = it.item / p.tiles;
-        q.t = (it.item - q.g * p.tiles) * kQueriesPerCta + token;
-        q.wpos = q.t < p.varlen.total_q ? p.wpos[q.t] : -1;
-        const int qb = tile_it & 1;
-        mbar_wait(&sm.q_full[qb], (tile_it >> 1) & 1);
-        cs.q_addr = smem_u32(sm.q[qb]) + wg * kWgRowBytes;
-        cs.rs.init();
-        zero(o);
-        for (int j = 0; j < u; ++j, ++kb) {
-            const int sk = kb % kStagesK, sv = kb % kStagesV;
-            const int nv = cs.qk(sk, (kb / kStagesK) & 1, q, token);
-            wgmma_wait<0>();
-            fence_regs(cs.s);
-            mbar_release(&sm.k_empty[sk]);
-            float corr[2];
-            const bool need = cs.softmax(nv, corr);
-            cs.to_p(nv);
-            rescale(o, corr, need);
-            mbar_wait(&sm.v_full[sv], (kb / kStagesV) & 1);
-            wgmma_fence();
-            issue_pv(o, cs.pa, smem_u32(sm.v[sv]));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(o);
-            mbar_release(&sm.v_empty[sv]);
-        }
-        mbar_release(&sm.q_empty[qb]);
-        epilogue(o, cs.rs.m, cs.rs.l, q.t, q.g, q.valid(), p, op);
-        ++tile_it;
-    }
-}
-
 // Writes O = 0 and LSE = -inf for this warp's query: a tile whose queries selected nothing.
 __device__ __forceinline__ void epilogue_empty(const TileQuery& q, const Params& p, const OutPort& op) {
     const float o[64] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -392,45 +458,29 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     zero(o);
     float corr[2];
     bool need = false;
-    ItemCursor it(p);
     int qb = 0, u = 0;
     TileQuery q{};
-    // This warp's query of `item`; its position is loaded one item ahead (pf_*).
-    int pf_item = -1, pf_wpos = -1;
-    auto wpos_at = [&](int item) {
-        const int t = (item % p.tiles) * kQueriesPerCta + token;
-        return t < p.varlen.total_q ? p.wpos[t] : -1;
-    };
-    auto query_of = [&](int item) {
-        TileQuery r;
-        r.g = item / p.tiles;
-        r.t = (item - r.g * p.tiles) * kQueriesPerCta + token;
-        r.wpos = item == pf_item ? pf_wpos : wpos_at(item);
-        return r;
-    };
-    // Moves to the next tile with blocks (the cursor's current item first), answering the
-    // tiles without blocks on the way; false when the CTA has no more tiles.
+    // Moves to the next tile with blocks (tile and Q buffer tile_it % 2), answering the tiles
+    // without blocks on the way; false when the builder has no more items.
     auto next_tile = [&]() -> bool {
-        for (; it.valid(p); it.advance(p)) {
-            if (!takes(it.u, p.union_max)) continue;
-            q = query_of(it.item);
+        for (;;) {
             qb = tile_it & 1;
             mbar_wait(&sm.q_full[qb], (tile_it >> 1) & 1);
+            const TileSlot& ts = sm.tile[qb];
+            const int su = ts.u;
+            if (su < 0) return false;
+            q.g = ts.item / p.tiles;
+            q.t = (ts.item - q.g * p.tiles) * kQueriesPerCta + token;
+            q.wpos = ts.wpos[token];
             ++tile_it;
-            if (it.u > 0) {
-                u = it.u;
+            if (su > 0) {
+                u = su;
                 cs.q_addr = smem_u32(sm.q[qb]) + wg * kWgRowBytes;
-                it.advance(p);
-                if (it.valid(p)) {
-                    pf_item = it.item;
-                    pf_wpos = wpos_at(it.item);
-                }
                 return true;
             }
             mbar_release(&sm.q_empty[qb]);
             epilogue_empty(q, p, op);
         }
-        return false;
     };
     if (wg == 1) turn_pass(wg);  // warpgroup 0 issues first
     if (!next_tile()) return;
@@ -505,12 +555,14 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     epilogue(o, cs.rs.m, cs.rs.l, owner.t, owner.g, owner.valid(), p, op);
 }
 
-// Warp 0 of the producer warpgroup: the warp copies each tile's union into shared memory, lane 0
-// issues the TMA loads (Q once per tile, then K and V of every union block).
-__device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* kmap,
-                                         const CUtensorMap* vmap) {
+// Warp 0 of the producer warpgroup: per tile the warp copies the builder's union into shared
+// memory, lane 0 passes the tile on to the consumers (tile n % 2) and issues the TMA loads (Q
+// once per tile, then K and V of every union block). A tile without blocks, or the end, completes
+// its Q buffer's phase with a plain arrival.
+__device__ __forceinline__ void loader(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* kmap,
+                                       const CUtensorMap* vmap) {
     const int lane = threadIdx.x & 31;
-    int tile_it = 0, kb = 0, vb = 0;
+    int kb = 0, vb = 0;
     bool v_pending = false;
     int v_col = 0, v_row = 0;
     auto load_v = [&] {
@@ -521,23 +573,41 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
             tma_load_2d(sm.v[sv] + half * kHalfBytes, vmap, &sm.v_full[sv], v_col + 64 * half, v_row);
         ++vb;
     };
-    for (ItemCursor it(p); it.valid(p); it.advance(p)) {
-        const int u = it.u;
-        if (!takes(u, p.union_max)) continue;
-        const int g = it.item / p.tiles, tile = it.item - g * p.tiles;
+    // Lane 0 hands tile n to the consumers once they have released tile n - 2, then frees its slot.
+    auto pass_on = [&](int n, int b, int qb) {
+        mbar_wait(&sm.q_empty[qb], ((n >> 1) & 1) ^ 1);
+        sm.tile[qb] = sm.slot[b];
+        mbar_arrive(&sm.slot_empty[b]);
+    };
+    for (int n = 0;; ++n) {
+        const int b = n % kSlots, qb = n & 1;
+        mbar_wait(&sm.slot_full[b], (n / kSlots) & 1);
+        const int u = sm.slot[b].u, item = sm.slot[b].item;
+        if (lane != 0) mbar_arrive(&sm.slot_empty[b]);  // per lane, after its reads of the slot
+        if (u < 0) {
+            if (lane == 0) {
+                pass_on(n, b, qb);
+                mbar_arrive(&sm.q_full[qb]);
+            }
+            break;
+        }
+        const int g = item / p.tiles, tile = item - g * p.tiles;
         // The union's loads go out first; Q is issued while they are in flight.
-        const int4* entries = p.entries + static_cast<int64_t>(it.item) * kUnionMax;
+        const int4* entries = p.entries + static_cast<int64_t>(item) * kUnionMax;
         int4 mine[kUnionMax / 32];
 #pragma unroll
         for (int r = 0; r < kUnionMax / 32; ++r)
             if (lane + 32 * r < u) mine[r] = entries[lane + 32 * r];
-        const int qb = tile_it & 1;
         if (lane == 0) {
-            mbar_wait(&sm.q_empty[qb], ((tile_it >> 1) & 1) ^ 1);
-            mbar_arrive_expect_tx(&sm.q_full[qb], kTileBytes);
-            for (int half = 0; half < 2; ++half)
-                tma_load_3d(sm.q[qb] + half * kHalfBytes, qmap, &sm.q_full[qb], 64 * half, g * kHeadsPerGroup,
-                            tile * kQueriesPerCta);
+            pass_on(n, b, qb);
+            if (u > 0) {
+                mbar_arrive_expect_tx(&sm.q_full[qb], kTileBytes);
+                for (int half = 0; half < 2; ++half)
+                    tma_load_3d(sm.q[qb] + half * kHalfBytes, qmap, &sm.q_full[qb], 64 * half, g * kHeadsPerGroup,
+                                tile * kQueriesPerCta);
+            } else {
+                mbar_arrive(&sm.q_full[qb]);
+            }
         }
 #pragma unroll
         for (int r = 0; r < kUnionMax / 32; ++r)
@@ -560,16 +630,11 @@ __device__ __forceinline__ void producer(Smem& sm, const Params& p, const CUtens
             }
         }
         __syncwarp();
-        ++tile_it;
     }
     if (lane == 0 && v_pending) load_v();
 }
 #endif  // MSA_SM90A_ENABLED
 
-// The consumers' schedules, in the order they were built (docs/perf/attention-forward-sm90.md).
-enum class Schedule { kSerial, kStream };
-
-template <Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, const __grid_constant__ CUtensorMap omap, const Params p) {
@@ -585,6 +650,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_map(&kmap);
         tma_prefetch_map(&vmap);
         tma_prefetch_map(&omap);
+        for (int b = 0; b < kSlots; ++b) {
+            mbar_init(&sm.slot_full[b], 32);
+            mbar_init(&sm.slot_empty[b], 32);
+        }
         for (int b = 0; b < 2; ++b) {
             mbar_init(&sm.q_full[b], 1);
             mbar_init(&sm.q_empty[b], kConsumerThreads);
@@ -600,48 +669,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_fence_init();
     }
     __syncthreads();
-    grid_dependency_wait();  // tile_order_kernel's run list (the prologue above overlapped it)
     if (warp < 4) {
         regs_dealloc<40>();
-        if (warp == 0) producer(sm, p, &qmap, &kmap, &vmap);
+        if (warp == 0) loader(sm, p, &qmap, &kmap, &vmap);
+        if (warp == 1) builder(sm, p);
     } else {
         regs_alloc<232>();
         const OutPort op{&omap, sm.ostage[warp - 4]};
-        if constexpr (kSchedule == Schedule::kStream) {
-            consumer_stream(sm, p, warp / 4 - 1, op);
-        } else {
-            consumer_serial(sm, p, warp / 4 - 1, op);
-        }
+        consumer_stream(sm, p, warp / 4 - 1, op);
         if ((threadIdx.x & 31) == 0) bulk_wait_all();  // the last O stores have completed
     }
 #endif
 }
 
-// The forward's scratch (msa_attn_forward_workspace_bytes): tile-union counts [4, tiles] i32,
-// entries [4, tiles, 128] int4, query positions [T] i32 and the run order [4 * tiles] int2, each
-// part 256-byte aligned.
+// The forward's scratch (msa_attn_forward_workspace_bytes): the claim counter, then each item's
+// union [4, tiles, 128] int4 (written by its builder, read back by its loader through L2).
 struct Workspace {
-    size_t counts, entries, wpos, run, bytes;
+    size_t claim, entries, bytes;
 };
 
 inline Workspace workspace_layout(int total_q) {
-    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t tiles = (static_cast<size_t>(total_q) + kQueriesPerCta - 1) / kQueriesPerCta;
     Workspace w;
-    w.counts = 0;
-    w.entries = align(kGroups * tiles * sizeof(int32_t));
-    w.wpos = w.entries + align(kGroups * tiles * kUnionMax * sizeof(int4));
-    w.run = w.wpos + align(static_cast<size_t>(total_q) * sizeof(int32_t));
-    w.bytes = w.run + align(kGroups * tiles * sizeof(int2));
+    w.claim = 0;
+    w.entries = 256;
+    w.bytes = w.entries + kGroups * tiles * kUnionMax * sizeof(int4);
     return w;
 }
 
-// Persistent CTAs of the forward for `items` items on `sms` SMs; the run order is made for it.
+// Persistent CTAs of the forward for `items` items on `sms` SMs.
 inline int forward_grid(int items, int sms) { return items < sms ? items : sms; }
 
-// Encodes the maps and launches forward_grid persistent CTAs. counts/entries/wpos come from
-// tile_union_kernel over the same topk and varlen, run from tile_order_kernel for this grid.
-template <Schedule kSchedule>
+// Encodes the maps and launches forward_grid persistent CTAs (p.claim must be zero).
 inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int sms,
                                   cudaStream_t stream) {
     const MsaVarlen& vl = p.varlen;
@@ -664,37 +723,31 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
         MSA_TRY(sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box));
     }
     const int items = kGroups * p.tiles;
-    return launch_dependent(forward_kernel<kSchedule>, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes,
-                            stream, qmap, kmap, vmap, omap, p);
+    // A plain launch: after the counter's memset there is no kernel to overlap.
+    return launch_smem(forward_kernel, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes, stream, qmap, kmap,
+                       vmap, omap, p);
 }
 
-// The whole sm_90a forward of msa_attn_forward: tile unions, then the streaming kernel over
-// every tile (union_max = 128: measured faster than v1 on every selection pattern, random
-// included: docs/perf/attention-forward-sm90.md).
+// The whole sm_90a forward of msa_attn_forward: the claim counter zeroed, then the kernel, which
+// builds every tile's union itself (no union or order kernels before it: they were 14% of a
+// short-document rank's forward, docs/perf/attention-forward-sm90.md).
 inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     const MsaVarlen& vl = a.varlen;
     const Workspace w = workspace_layout(vl.total_q);
     if (a.workspace == nullptr || a.workspace_bytes < w.bytes || !aligned16(a.workspace)) return cudaErrorInvalidValue;
     uint8_t* base = static_cast<uint8_t*>(a.workspace);
     Params p;
-    int32_t* counts = reinterpret_cast<int32_t*>(base + w.counts);
+    p.topk = a.topk;
     p.entries = reinterpret_cast<int4*>(base + w.entries);
-    p.wpos = reinterpret_cast<int32_t*>(base + w.wpos);
-    p.run = reinterpret_cast<int2*>(base + w.run);
+    p.claim = reinterpret_cast<int*>(base + w.claim);
     p.varlen = vl;
     p.out = a.out;
     p.lse = a.lse;
     p.tiles = (vl.total_q + kQueriesPerCta - 1) / kQueriesPerCta;
-    p.union_max = kUnionMax;
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
-    MSA_TRY(launch(tile_union_kernel, dim3(p.tiles, kGroups), dim3(kTileUnionThreads), stream, a.topk, vl,
-                   counts, const_cast<int4*>(p.entries), const_cast<int32_t*>(p.wpos)));
-    const int items = kGroups * p.tiles;
-    MSA_TRY(launch_dependent(tile_order_kernel, dim3(1), dim3(kTileOrderThreads), 0, stream,
-                             static_cast<const int32_t*>(counts), items, forward_grid(items, sms),
-                             const_cast<int2*>(p.run)));
-    return launch_forward<Schedule::kStream>(a.q, a.k, a.v, p, sms, stream);
+    MSA_TRY(cudaMemsetAsync(p.claim, 0, sizeof(int), stream));
+    return launch_forward(a.q, a.k, a.v, p, sms, stream);
 }
 
 }  // namespace msa::fwd90

@@ -1,15 +1,9 @@
-// Longest-first run order of a persistent kernel's work list (host mirror: msa_plan::lpt): G CTAs
-// stride over the list (position p runs on CTA p % G), so the list is the items sorted by cost,
-// largest first and ties in id order, dealt to the CTAs in a snake (even rounds 0..G-1, odd
-// rounds G-1..0, a last partial odd round reversed within itself). Built by one CTA without a
-// host round trip: a stable counting sort over kLptBins cost values, so the list is the host
-// mirror's word for word and the same on every run (10.6 us for 6,144 items, run 23; an
-// unstable sort took 5.7-7.7 us but would let a kernel's output depend on the run: the sign of
-// an exact zero in the forward's restarted accumulator). The counting sort serves other keys
-// too (stable_bin_sort: the backward's query bands). A kernel whose CTAs claim items from a
-// counter balances itself and takes claim_order instead (host mirror: msa_plan::lpt::claim_order):
-// the list in a preferred order with a longest-first tail of the shortest items whose costs add
-// up to the grid times half the longest.
+// Work lists of the persistent kernels whose CTAs claim items from a counter (host mirror:
+// msa_plan::lpt), built by one CTA without a host round trip: a stable counting sort over
+// kLptBins cost values (stable_bin_sort), so the list is the host mirror's word for word and the
+// same on every run. claim_order keeps the list in a preferred order (the backward's query
+// bands) except a longest-first tail of the shortest items whose costs add up to the grid times
+// half the longest, which evens out the CTAs' last claims.
 #pragma once
 
 #include "msa/abi.h"
@@ -18,12 +12,6 @@
 namespace msa {
 
 constexpr int kLptBins = MSA_LPT_BINS;  // costs 0..128; larger ones share the top bin
-
-__host__ __device__ inline int snake_position(int j, int n, int grid) {
-    const int r = j / grid, start = r * grid, c = j - start;
-    const int m = grid < n - start ? grid : n - start;
-    return start + ((r & 1) ? m - 1 - c : c);
-}
 
 template <int THREADS>
 struct LptSmem {
@@ -104,14 +92,6 @@ __device__ __forceinline__ void stable_bin_sort(LptSmem<THREADS>& s, int n, Bin 
         }
         __syncthreads();
     }
-}
-
-// Every thread of the CTA (blockDim.x == THREADS) calls it; cost(i) >= 0 for the n items;
-// emit(i, p) is called once per item with its list position p. Barriers inside.
-template <int THREADS, class Cost, class Emit>
-__device__ __forceinline__ void lpt_order(LptSmem<THREADS>& s, int n, int grid, Cost cost, Emit emit) {
-    stable_bin_sort<THREADS>(s, n, [&](int i) { return lpt_bin(cost(i)); },
-                             [&](int i, int j) { emit(i, snake_position(j, n, grid)); });
 }
 
 // The n items in their given order (index k), except a tail of those last in the stable
