@@ -55,7 +55,7 @@ impl CudaMsa {
     }
 
     /// Sparse attention forward over `meta`'s selection: the sm_90a kernel on Hopper unless
-    /// [`CudaMsa::with_sm80_kernels`], with its tile-union workspace; the mma.sync kernel
+    /// [`CudaMsa::with_sm80_kernels`], with its workspace (claim counter, tile unions); the mma.sync kernel
     /// elsewhere.
     pub fn forward(
         &self,
