@@ -45,33 +45,24 @@ cudaError_t launch_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
     return cudaGetLastError();
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx with the launch
-// attribute *attr (none when attr is null), then the launch error.
-template <class... Params, class... Args>
-cudaError_t launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      cudaLaunchAttribute* attr, Args&&... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = attr != nullptr ? 1 : 0;
-    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-    return cudaGetLastError();
-}
-
-// kernel<<<grid, block, 0, stream>>>(args...) as a cooperative launch (cudaLaunchAttributeCooperative,
-// which stream capture records as a cooperative kernel node), so the kernel may call
-// cooperative_groups::this_grid().sync(). The grid must fit on the device at once (SMs x
-// occupancy); the launch fails otherwise.
+// kernel<<<grid, block, 0, stream>>>(args...) as a cooperative launch (cudaLaunchKernelEx with
+// cudaLaunchAttributeCooperative, which stream capture records as a cooperative kernel node), so
+// the kernel may call cooperative_groups::this_grid().sync(). The grid must fit on the device at
+// once (SMs x occupancy); the launch fails otherwise.
 template <class... Params, class... Args>
 cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                                Args&&... args) {
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeCooperative;
     attr.val.cooperative = 1;
-    return launch_ex(kernel, grid, block, 0, stream, &attr, std::forward<Args>(args)...);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    return cudaGetLastError();
 }
 
 }  // namespace msa
