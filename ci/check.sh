@@ -105,6 +105,8 @@ step "link (--features msa)" \
 # The kernel layer's tests need no GPU (the linked architectures, CUDA's error strings from the
 # static cudart): run them, not only link them.
 step "kernel-layer tests (--features msa, no GPU)" cargo test -p msa-kernels --features msa
+# The facade's carve and sizes tests read the kernels' workspace sizes, so they run only here.
+step "facade host tests (--features msa, no GPU)" cargo test -p msa --lib --features msa
 
 # msa-torch (crates/msa-torch): `cargo test --workspace` above built it without features (no
 # Python, no nvcc); here the PyO3 module with the kernels (clippy does not link), the host tests

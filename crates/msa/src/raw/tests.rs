@@ -86,8 +86,10 @@ fn backward_workspace_parts_are_aligned_and_disjoint() {
     let sm90 = s.backward_carve(BackwardPath::Sm90);
     assert_eq!(sm90.sm90, delta);
     assert!(sm90.bytes >= delta + s.backward_sm90_bytes);
+    // The deterministic path carves |dout| per row (the dQ grid's input) between delta and its scratch.
     let det = s.backward_carve(BackwardPath::Deterministic);
-    assert_eq!(det.sm90, delta);
+    assert_eq!(det.dout_norm, delta);
+    assert_eq!(det.sm90, 2 * delta);
     assert!(s.backward_sm90_det_bytes > s.backward_sm90_bytes);
     assert!(det.bytes >= delta + s.backward_sm90_det_bytes);
     let c = s.backward_carve(BackwardPath::Sm80Atomic);
