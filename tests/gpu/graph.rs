@@ -281,7 +281,7 @@ impl Call {
             raw::forward(
                 &self.shape,
                 &layout,
-                &meta,
+                meta.topk,
                 &inputs,
                 &mut fwd,
                 self.kernels,

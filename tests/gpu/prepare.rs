@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use half::bf16;
 use msa::cuda::{CudaMsa, DeviceLayout, Metadata, Poison};
 use msa::MsaError;
 use msa_harness::check::{compare, CheckLine, CheckReport};
@@ -94,6 +95,39 @@ where
         .unwrap_or_else(|e| panic!("download {name}: {e}"))
 }
 
+/// Lines comparing what the validation writes (the error word, the edge counts and the sizes)
+/// with the host's, names prefixed with `prefix/`.
+pub fn compare_validation(
+    msa: &CudaMsa,
+    meta: &Metadata,
+    host: &HostMetadata,
+    prefix: &str,
+) -> CheckReport {
+    let t = meta.layout().host().total_q();
+    let name = |tensor: &str| format!("{prefix}/{tensor}");
+    let mut r = CheckReport::default();
+    let scalars = [meta.target_q_per_cta() as i32, meta.work_capacity() as i32];
+    r.push(exact(
+        &name("target,capacity"),
+        &scalars,
+        &[host.target as i32, host.table.capacity as i32],
+        &[2],
+    ));
+    r.push(exact(
+        &name("error_word"),
+        &fetch(msa, "error_word", meta.error_word()),
+        &host.word,
+        &[4],
+    ));
+    r.push(exact(
+        &name("split_counts"),
+        &fetch(msa, "split_counts", meta.split_counts()),
+        &host.csr.split_counts,
+        &[t, NUM_INDEX_HEADS],
+    ));
+    r
+}
+
 /// Lines comparing every metadata tensor with the host's, names prefixed with `prefix/`.
 pub fn compare_metadata(
     msa: &CudaMsa,
@@ -109,72 +143,56 @@ pub fn compare_metadata(
     );
     let edges = [NUM_INDEX_HEADS, t * TOPK_BLOCKS];
     let name = |tensor: &str| format!("{prefix}/{tensor}");
-    let mut r = CheckReport::default();
-    let scalars = [meta.target_q_per_cta() as i32, meta.work_capacity() as i32];
-    r.push(exact(
-        &name("target,capacity"),
-        &scalars,
-        &[host.target as i32, host.table.capacity as i32],
-        &[2],
-    ));
+    let mut r = compare_validation(msa, meta, host, prefix);
+    let tables = meta
+        .tables("compare_metadata")
+        .expect("the metadata's tables");
     let fetched = |tensor: &str, buf| fetch(msa, tensor, buf);
     r.push(exact(
-        &name("error_word"),
-        &fetched("error_word", meta.error_word()),
-        &host.word,
-        &[4],
-    ));
-    r.push(exact(
         &name("row_ptr"),
-        &fetched("row_ptr", meta.row_ptr()),
+        &fetched("row_ptr", tables.row_ptr()),
         &host.csr.row_ptr,
         &[NUM_INDEX_HEADS, rows + 1],
     ));
     r.push(exact(
         &name("q_indices"),
-        &fetched("q_indices", meta.q_indices()),
+        &fetched("q_indices", tables.q_indices()),
         &host.csr.q_indices,
         &edges,
     ));
     r.push(exact(
         &name("qsplit"),
-        &fetched("qsplit", meta.qsplit()),
+        &fetched("qsplit", tables.qsplit()),
         &host.csr.qsplit,
         &edges,
     ));
     r.push(exact(
-        &name("split_counts"),
-        &fetched("split_counts", meta.split_counts()),
-        &host.csr.split_counts,
-        &[t, NUM_INDEX_HEADS],
-    ));
-    r.push(exact(
         &name("sched_metadata"),
-        &fetched("scheduler_metadata", meta.scheduler_metadata()),
+        &fetched("scheduler_metadata", tables.scheduler_metadata()),
         &host.table.scheduler_metadata,
         &[host.table.capacity, WORK_WORDS],
     ));
     r.push(exact(
         &name("work_count"),
-        &fetched("work_count", meta.work_count()),
+        &fetched("work_count", tables.work_count()),
         &[host.table.work_count],
         &[1],
     ));
     r.push(exact(
         &name("phys_row_ptr"),
-        &fetched("phys_row_ptr", meta.phys_row_ptr()),
+        &fetched("phys_row_ptr", tables.phys_row_ptr()),
         &host.phys.row_ptr,
         &[NUM_INDEX_HEADS, blocks + 1],
     ));
     r.push(exact(
         &name("phys_q_indices"),
-        &fetched("phys_q_indices", meta.phys_q_indices()),
+        &fetched("phys_q_indices", tables.phys_q_indices()),
         &host.phys.q_indices,
         &edges,
     ));
     r.push(exact(
         &name("phys_valid"),
-        &fetched("phys_valid", meta.phys_valid()),
+        &fetched("phys_valid", tables.phys_valid()),
         &host.phys.valid,
         &edges,
     ));
@@ -185,14 +203,14 @@ pub fn compare_metadata(
         &name("doc_ws_starts"),
         &fetched(
             "document_workspace_starts",
-            meta.document_workspace_starts(),
+            tables.document_workspace_starts(),
         ),
         &ws,
         &[frags.len()],
     ));
     r.push(exact(
         &name("query_offsets"),
-        &fetched("query_offsets", meta.query_offsets()),
+        &fetched("query_offsets", tables.query_offsets()),
         &qoff,
         &[frags.len()],
     ));
@@ -249,7 +267,48 @@ pub fn device_metadata(msa: &CudaMsa, layout: &Arc<DeviceLayout>, topk: &[i32]) 
         .unwrap_or_else(|e| panic!("prepare_unchecked: {e}"))
 }
 
-/// Prepare every selection of `group` on the device and record the comparison.
+/// The forward's metadata of `topk` (validation only; on the suite's device its outputs are
+/// poisoned first, so an element the validation leaves unwritten fails the comparison).
+pub fn forward_metadata(msa: &CudaMsa, layout: &Arc<DeviceLayout>, topk: &[i32]) -> Metadata {
+    let topk = msa.upload(topk).expect("upload topk");
+    msa.prepare_forward_unchecked(layout, topk)
+        .unwrap_or_else(|e| panic!("prepare_forward_unchecked: {e}"))
+}
+
+/// The split path on `topk` against the host: the validation alone writes the error word and
+/// the edge counts and no tables; `build_tables` then adds tables equal to the host's.
+fn check_split(
+    msa: &CudaMsa,
+    dl: &Arc<DeviceLayout>,
+    topk: &[i32],
+    host: &HostMetadata,
+    prefix: &str,
+) -> CheckReport {
+    let mut meta = forward_metadata(msa, dl, topk);
+    let mut r = compare_validation(msa, &meta, host, &format!("{prefix}/validate"));
+    let refused = matches!(
+        meta.tables("backward"),
+        Err(MsaError::NoTables { op: "backward" })
+    );
+    r_push(
+        &mut r,
+        format!("{prefix}/validate/no_tables"),
+        refused && !meta.has_tables(),
+        "the forward's metadata has tables".into(),
+    );
+    msa.build_tables(&mut meta)
+        .unwrap_or_else(|e| panic!("build_tables: {e}"));
+    r.extend(compare_metadata(
+        msa,
+        &meta,
+        host,
+        &format!("{prefix}/tables"),
+    ));
+    r
+}
+
+/// Prepare every selection of `group` on the device, whole and split, and record the
+/// comparisons.
 fn check_group(sweep: &mut Sweep, msa: &CudaMsa, group: &SelectionGroup) {
     let sms = msa.device().sm_count as usize;
     let dl = device_layout(msa, &group.layout);
@@ -260,6 +319,7 @@ fn check_group(sweep: &mut Sweep, msa: &CudaMsa, group: &SelectionGroup) {
         let host = host_metadata(&group.layout, topk, sms);
         work_items.push(json!({ selection.as_str(): host.items.len() }));
         report.extend(compare_metadata(msa, &meta, &host, selection));
+        report.extend(check_split(msa, &dl, topk, &host, selection));
     }
     let l = &group.layout;
     sweep.record(
@@ -344,15 +404,19 @@ fn prepare_reports_each_topk_fault_like_the_planner() {
         // The unchecked build still equals the host's tables, faults included: edges are the
         // entries 0 <= e < num_blocks on both sides (non-causal ones too; a repeat once).
         let meta = device_metadata(msa, &dl, &topk);
-        report.extend(compare_metadata(
-            msa,
-            &meta,
-            &host_metadata(&l, &topk, sms),
-            name,
-        ));
+        let host = host_metadata(&l, &topk, sms);
+        report.extend(compare_metadata(msa, &meta, &host, name));
+        report.extend(check_split(msa, &dl, &topk, &host, name));
         let late = meta.check(msa).err();
         let checked = msa.prepare(&dl, msa.upload(&topk).unwrap()).err();
-        for (what, got) in [("check", late), ("prepare", checked)] {
+        let forward_late = forward_metadata(msa, &dl, &topk).check(msa).err();
+        let forward = msa.prepare_forward(&dl, msa.upload(&topk).unwrap()).err();
+        for (what, got) in [
+            ("check", late),
+            ("prepare", checked),
+            ("forward_check", forward_late),
+            ("prepare_forward", forward),
+        ] {
             let same = match (&got, &host_err) {
                 (None, None) => true,
                 (Some(MsaError::Plan(d)), Some(h)) => d == h,
@@ -410,6 +474,59 @@ fn prepare_rejects_a_wrong_topk_length_before_any_launch() {
     harness::record("prepare_topk_length", "short_by_one", &report, json!({}));
 }
 
+/// The backward, its task build and the KL backward on the forward's metadata (validation only)
+/// return `MsaError::NoTables` naming themselves, before any launch; after `build_tables` the
+/// backward runs.
+#[test]
+fn the_forward_metadata_needs_its_tables_for_the_backward() {
+    use msa::cuda::{BackwardOptions, KlInputs};
+    use msa_plan::topology::{HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS};
+    let msa = harness::device();
+    let l = fault_layout();
+    let (t, tk) = (l.total_q(), l.total_k());
+    let dl = device_layout(msa, &l);
+    let mut meta = forward_metadata(msa, &dl, &msa_plan::testing::recent_topk(&l));
+    let q = msa.zeros::<bf16>(t * NUM_Q_HEADS * HEAD_DIM).unwrap();
+    let kv = msa.zeros::<bf16>(tk * NUM_KV_HEADS * HEAD_DIM).unwrap();
+    let lse = msa.zeros::<f32>(t * NUM_Q_HEADS).unwrap();
+    let qi = msa.zeros::<bf16>(t * NUM_INDEX_HEADS * HEAD_DIM).unwrap();
+    let ki = msa.zeros::<bf16>(tk * HEAD_DIM).unwrap();
+    let ilse = msa.zeros::<f32>(t * NUM_INDEX_HEADS).unwrap();
+    let backward = |meta: &Metadata| {
+        msa.backward(meta, &q, &kv, &kv, &q, &q, &lse, BackwardOptions::default())
+    };
+    let kl = msa.kl_backward(
+        &meta,
+        &KlInputs {
+            q: &q,
+            k: &kv,
+            teacher_lse: &lse,
+            qi: &qi,
+            ki: &ki,
+            indexer_lse: &ilse,
+        },
+        1.0,
+    );
+    let mut report = CheckReport::default();
+    for (op, err) in [
+        ("backward", backward(&meta).err()),
+        ("task_build", msa.task_build(&meta).err()),
+        ("kl_backward", kl.err()),
+    ] {
+        let refused = matches!(&err, Some(MsaError::NoTables { op: o }) if *o == op);
+        r_push(&mut report, op.into(), refused, format!("got {err:?}"));
+    }
+    msa.build_tables(&mut meta).expect("build_tables");
+    let after = backward(&meta).err();
+    r_push(
+        &mut report,
+        "backward_after_tables".into(),
+        after.is_none(),
+        format!("got {after:?}"),
+    );
+    harness::record("prepare_forward_tables", "fault_layout", &report, json!({}));
+}
+
 #[test]
 fn prepare_unchecked_captures_into_a_cuda_graph() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -420,31 +537,40 @@ fn prepare_unchecked_captures_into_a_cuda_graph() {
         .expect("cp_fragments layout");
     let (selection, topk) = &group.selections[1];
     let dl = device_layout(&msa, &group.layout);
-    let upload = msa.upload(topk).unwrap();
-    msa.synchronize().unwrap();
-    let stream = msa.stream().clone();
-    stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .expect("begin capture");
-    let built = msa.prepare_unchecked(&dl, upload);
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    let host = host_metadata(&group.layout, topk, msa.device().sm_count as usize);
     let mut report = CheckReport::default();
-    match (built, graph) {
-        (Ok(meta), Ok(Some(graph))) => {
-            graph.launch().expect("graph launch");
-            let host = host_metadata(&group.layout, topk, msa.device().sm_count as usize);
-            report.extend(compare_metadata(&msa, &meta, &host, selection));
-        }
-        (built, graph) => r_push(
-            &mut report,
-            "capture".into(),
-            false,
-            format!(
-                "prepare under capture: {:?}; end_capture: {:?}",
-                built.err(),
-                graph.map(|g| g.is_some())
+    // The whole prepare, and the split path (validation, then the tables) in one graph.
+    for split in [false, true] {
+        let upload = msa.upload(topk).unwrap();
+        msa.synchronize().unwrap();
+        let stream = msa.stream().clone();
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .expect("begin capture");
+        let built = if split {
+            msa.prepare_forward_unchecked(&dl, upload)
+                .and_then(|mut m| msa.build_tables(&mut m).map(|()| m))
+        } else {
+            msa.prepare_unchecked(&dl, upload)
+        };
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        let prefix = format!("{selection}/{}", if split { "split" } else { "whole" });
+        match (built, graph) {
+            (Ok(meta), Ok(Some(graph))) => {
+                graph.launch().expect("graph launch");
+                report.extend(compare_metadata(&msa, &meta, &host, &prefix));
+            }
+            (built, graph) => r_push(
+                &mut report,
+                format!("{prefix}/capture"),
+                false,
+                format!(
+                    "prepare under capture: {:?}; end_capture: {:?}",
+                    built.err(),
+                    graph.map(|g| g.is_some())
+                ),
             ),
-        ),
+        }
     }
     harness::record("prepare_graph_capture", &group.name, &report, json!({}));
 }

@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "prepare,forward,backward,indexer,selection_lse,kl",
+        default_value = "prepare,tables,forward,backward,indexer,selection_lse,kl",
         value_parser = named(Stage::BENCH, |s| s.name().to_string())
     )]
     pub stages: Vec<Stage>,
@@ -133,6 +133,7 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
     let selection = &plan.selection;
     let mut rows = Vec::new();
     let mut shares: Vec<(String, f64)> = Vec::new();
+    let mut table_shares: Vec<(String, f64)> = Vec::new();
     // The last (case, rank, seed) built, kept while the specs only change its pattern (they are
     // adjacent).
     let mut built: Option<((u64, usize, u64), RankCase, CallInputs)> = None;
@@ -175,14 +176,18 @@ pub fn run(a: &Args, limit: &MemoryLimit) -> Result<ExitCode> {
         };
         json.write(|| case.record(&opts))?;
         rows.extend(case.rows());
-        if let Some(share) = prepare_share(&times) {
+        if let Some(share) = share(&times, Stage::Tables, Stage::Backward) {
+            table_shares.push((spec.name(), share));
+        }
+        if let Some(share) = share(&times, Stage::Prepare, Stage::Forward) {
             shares.push((spec.name(), share));
         }
     }
     let summaries = bench::summarize(&rows);
     if selection.specs.len() > 1 {
         print_summary(&summaries);
-        print_prepare_shares(&shares);
+        print_shares("prepare", "forward", &shares);
+        print_shares("tables", "backward", &table_shares);
     }
     for s in &summaries {
         json.write(|| s.record())?;
@@ -222,24 +227,27 @@ fn print_case(
             t.quantile(0.9)
         );
     }
-    if let Some(share) = prepare_share(times) {
+    if let Some(share) = share(times, Stage::Prepare, Stage::Forward) {
         println!("  prepare = {share:.1}% of forward");
+    }
+    if let Some(share) = share(times, Stage::Tables, Stage::Backward) {
+        println!("  tables = {share:.1}% of backward");
     }
 }
 
-/// The unchecked prepare's median as a percentage of the forward's, when both were timed
-/// (issue 11's target: at most 5 on every row).
-fn prepare_share(times: &[bench::StageTimes]) -> Option<f64> {
+/// `part`'s median as a percentage of `whole`'s, when both were timed (issue 11's target for
+/// the unchecked prepare over the forward: at most 5 on every row).
+fn share(times: &[bench::StageTimes], part: Stage, whole: Stage) -> Option<f64> {
     let median = |stage| times.iter().find(|t| t.stage == stage).map(|t| t.median());
-    Some(100.0 * median(Stage::Prepare)? / median(Stage::Forward)?)
+    Some(100.0 * median(part)? / median(whole)?)
 }
 
-/// Every row's prepare share and the largest.
-fn print_prepare_shares(shares: &[(String, f64)]) {
+/// Every row's share of `part` in `whole` and the largest.
+fn print_shares(part: &str, whole: &str, shares: &[(String, f64)]) {
     let Some((worst, max)) = shares.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
         return;
     };
-    println!("prepare as % of forward (medians): max {max:.1} ({worst})");
+    println!("{part} as % of {whole} (medians): max {max:.1} ({worst})");
     for (name, share) in shares {
         println!("  {name:<32} {share:>6.1}");
     }

@@ -172,7 +172,7 @@ fn bench_names_a_bad_stage_and_needs_the_gpu() {
     assert_invalid_value(&o, "fwd", "--stages");
     assert!(
         stderr(&o).contains(
-            "[possible values: prepare, prepare_checked, forward, backward, backward_det, indexer, \
+            "[possible values: prepare, prepare_checked, tables, forward, backward, backward_det, indexer, \
              selection_lse, kl, forward_sm80, backward_sm80, backward_det_sm80]"
         ),
         "{}",
@@ -296,6 +296,7 @@ fn run_on_cpu_passes_on_a_small_custom_manifest() {
             "upload",
             "prepare",
             "forward",
+            "tables",
             "backward",
             "indexer",
             "selection_lse",

@@ -8,13 +8,17 @@ use msa_plan::flops::FlopModel;
 pub enum Stage {
     /// Host-to-device copies of the layout and the attention inputs (nothing on the CPU).
     Upload,
-    /// `prepare`: the metadata build with the selection validated on the device. `msa bench`
-    /// times the unchecked call (error word written, not read: no host synchronization), as a
-    /// training step runs it; `msa run` times the checked one.
+    /// `prepare`: the selection validated on the device, all the forward needs
+    /// (`CudaMsa::prepare_forward`). `msa bench` times the unchecked call (error word written,
+    /// not read: no host synchronization), as a training step runs it; `msa run` times the
+    /// checked one.
     Prepare,
     /// `prepare` followed by the validation read (one host synchronization on the GPU): what
-    /// `CudaMsa::prepare` returns, the host's typed error included.
+    /// `CudaMsa::prepare_forward` returns, the host's typed error included.
     PrepareChecked,
+    /// The metadata's CSR tables (`CudaMsa::build_tables`), which the backward and the KL
+    /// backward read: built once a call needs them, after the forward. Nothing on the CPU.
+    Tables,
     Forward,
     /// Atomic backward: delta, device task build, KV-parallel main kernel, postprocess.
     Backward,
@@ -38,9 +42,10 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage `msa bench` can time: the API's entry points, in call order.
-    pub const BENCH: [Stage; 11] = [
+    pub const BENCH: [Stage; 12] = [
         Stage::Prepare,
         Stage::PrepareChecked,
+        Stage::Tables,
         Stage::Forward,
         Stage::Backward,
         Stage::BackwardDeterministic,
@@ -57,6 +62,7 @@ impl Stage {
             Stage::Upload => "upload",
             Stage::Prepare => "prepare",
             Stage::PrepareChecked => "prepare_checked",
+            Stage::Tables => "tables",
             Stage::Forward => "forward",
             Stage::Backward => "backward",
             Stage::BackwardDeterministic => "backward_det",
@@ -72,7 +78,11 @@ impl Stage {
     /// Useful FLOPs of one call (MSA FLOP model); `None` for stages the model does not count.
     pub fn flops(self, model: &FlopModel) -> Option<f64> {
         match self {
-            Stage::Upload | Stage::Prepare | Stage::PrepareChecked | Stage::SelectionLse => None,
+            Stage::Upload
+            | Stage::Prepare
+            | Stage::PrepareChecked
+            | Stage::Tables
+            | Stage::SelectionLse => None,
             Stage::Forward | Stage::ForwardSm80 => Some(model.fwd),
             Stage::Backward
             | Stage::BackwardDeterministic
@@ -113,6 +123,7 @@ mod tests {
         assert_eq!(
             flops,
             [
+                None,
                 None,
                 None,
                 Some(2.0),

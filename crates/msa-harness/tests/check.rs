@@ -348,6 +348,7 @@ fn cpu_backend_passes_the_reference_checks() {
             Stage::Upload,
             Stage::Prepare,
             Stage::Forward,
+            Stage::Tables,
             Stage::Backward,
             Stage::Indexer,
             Stage::SelectionLse,

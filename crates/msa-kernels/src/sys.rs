@@ -4,6 +4,7 @@
 //! `cargo xtask bindings --check` to keep this file current.
 
 pub const MSA_SOFTMAX_SCALE: f64 = 0.08838834764831845;
+pub const MSA_PREPARE_VALIDATE_WORKSPACE_BYTES: u32 = 16640;
 #[doc = " query heads"]
 pub const MSA_NUM_Q_HEADS: MsaDim = 64;
 #[doc = " KV heads (GQA groups); query head h reads group h / 16"]
@@ -804,6 +805,16 @@ unsafe extern "C" {
         target_q_per_cta: i32,
         work_capacity: i32,
         out: MsaPrepareOutputs,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+    #[doc = " The top-k validation of msa_prepare_metadata alone: error_word [4] and split_counts [T, 4]\n exactly as msa_prepare_metadata writes them, and none of the CSR tables. What the forward\n needs (it reads only the validated top-k); msa_prepare_metadata builds the tables the backward\n and the KL backward read (and validates again). workspace: workspace_bytes >=\n MSA_PREPARE_VALIDATE_WORKSPACE_BYTES of device memory, any alignment, scratch. split_counts\n may be NULL only when total_q = 0. Enqueues one cooperative kernel on stream; never\n synchronizes. Returns a cudaError_t code."]
+    pub fn msa_prepare_validate(
+        topk: *const i32,
+        varlen: MsaVarlen,
+        error_word: *mut i32,
+        split_counts: *mut i32,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,

@@ -401,7 +401,7 @@ pub unsafe fn forward(
         raw::forward(
             shape,
             &layout,
-            &meta,
+            meta.topk,
             &inputs,
             &mut outputs,
             kernels,

@@ -46,6 +46,13 @@ pub enum MsaError {
     #[cfg(feature = "msa")]
     #[error("{name}: the buffer belongs to another CUDA context than this CudaMsa's")]
     ForeignContext { name: &'static str },
+
+    /// `op` needs the metadata's CSR tables, and the metadata came from `prepare_forward`,
+    /// which validates only; build them with `CudaMsa::build_tables` first. Rejected before any
+    /// launch.
+    #[cfg(feature = "msa")]
+    #[error("{op} needs the metadata's CSR tables: this metadata comes from prepare_forward (validation only); call CudaMsa::build_tables first")]
+    NoTables { op: &'static str },
 }
 
 /// Why a top-k entry is invalid: the codes of prepare's error word (`MSA_TOPK_*` of

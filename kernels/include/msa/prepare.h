@@ -1,6 +1,6 @@
-/* Prepare family: the device-built layout arrays of one packed layout (msa_prepare_layout) and the
+/* Prepare family: the device-built layout arrays of one packed layout (msa_prepare_layout), the
  * device-built metadata of one top-k selection (msa_prepare_metadata; docs/design.md "Device data
- * of one call"; docs/contract.md §4.1-§4.3). Each launcher enqueues its whole pipeline on a stream with no
+ * of one call"; docs/contract.md §4.1-§4.3) and its validation alone (msa_prepare_validate). Each launcher enqueues its whole pipeline on a stream with no
  * host synchronization, so it can be captured in a CUDA graph; every output equals the host
  * planner's table word for word (msa_plan::layout, topk, csr, schedule), which the GPU suite
  * checks.
@@ -86,6 +86,21 @@ int msa_prepare_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen, int32_t target_q_per_cta,
                          int32_t work_capacity, MsaPrepareOutputs out, void* workspace,
                          size_t workspace_bytes, void* stream);
+
+/* Scratch bytes of msa_prepare_validate: a fault word per CTA (at most 2,048 CTAs), 256-byte
+ * aligned inside any allocation. */
+#define MSA_PREPARE_VALIDATE_WORKSPACE_BYTES (2048 * 8 + 256)
+
+/* The top-k validation of msa_prepare_metadata alone: error_word [4] and split_counts [T, 4]
+ * exactly as msa_prepare_metadata writes them, and none of the CSR tables. What the forward
+ * needs (it reads only the validated top-k); msa_prepare_metadata builds the tables the backward
+ * and the KL backward read (and validates again). workspace: workspace_bytes >=
+ * MSA_PREPARE_VALIDATE_WORKSPACE_BYTES of device memory, any alignment, scratch. split_counts
+ * may be NULL only when total_q = 0. Enqueues one cooperative kernel on stream; never
+ * synchronizes. Returns a cudaError_t code. */
+int msa_prepare_validate(const int32_t* topk, MsaVarlen varlen, int32_t* error_word,
+                         int32_t* split_counts, void* workspace, size_t workspace_bytes,
+                         void* stream);
 
 #ifdef __cplusplus
 }

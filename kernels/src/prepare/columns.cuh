@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common/scan.cuh"
+#include "prepare/edges.cuh"
 #include "prepare/prepare_common.cuh"
 
 namespace msa {
@@ -314,21 +315,7 @@ __device__ __forceinline__ void offsets_job(const MsaVarlen& v, const OffsetArgs
         scan_segment(a.phys_counts + static_cast<size_t>(h) * P, P, a.phys_row_ptr + static_cast<size_t>(h) * (P + 1),
                      0, true, sm);
     }
-    if (job_cta != 0 || threadIdx.x != 0) return;
-    // The first fault is the complement of the largest word (0: none).
-    const unsigned long long f = ~*a.fault;
-    int* word = a.error_word;
-    if (f == ~0ull) {
-        word[0] = word[1] = word[2] = word[3] = 0;
-    } else {
-        const unsigned long long lin = f >> 8;
-        const long long hq = static_cast<long long>(lin >> 4);
-        const int hh = int(hq / v.total_q);
-        word[0] = int(f & 0xffu);
-        word[1] = hh;
-        word[2] = int(hq - static_cast<long long>(hh) * v.total_q);
-        word[3] = int(lin & 15u);
-    }
+    if (job_cta == 0 && threadIdx.x == 0) write_error_word(v, *a.fault, a.error_word);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ __device__ __forceinline__ int entry_code(int value, bool dup, int own_block, in
 
 struct SelectArgs {
     const int* topk;
-    unsigned long long* fault;  // zeroed by the zero phase
+    unsigned long long* fault;  // zeroed by the zero phase (kEdges only)
     int* split_counts;
     int tiles;
     unsigned ctas;  // virtual CTAs of the phase
@@ -28,8 +28,11 @@ struct SelectArgs {
 
 // Virtual CTA `block` of the query grid (query_thread). fault = max over faults of
 // ~(lin << 8 | code), lin = (head * T + q) * 16 + slot: the zeroed word means no fault, and the
-// maximum is the complement of the first fault.
-__device__ __forceinline__ void select_block(const MsaVarlen& v, const Bitmap& bm, const SelectArgs& a,
+// maximum is the complement of the first fault. kEdges = false (validation only) sets no bitmap
+// bit (`bm` is not read) and, instead of the atomicMax, returns the warp's word in every lane (0:
+// no fault), which the caller reduces; kEdges = true returns 0.
+template <bool kEdges>
+__device__ __forceinline__ unsigned long long select_block(const MsaVarlen& v, const Bitmap& bm, const SelectArgs& a,
                                              unsigned block) {
     const QueryThread t = query_thread(v.total_q, a.tiles, block);
     const int lane = int(threadIdx.x % 32u);
@@ -53,6 +56,7 @@ __device__ __forceinline__ void select_block(const MsaVarlen& v, const Bitmap& b
     }
     // Lanes hold consecutive queries of one head, so the lowest faulting lane has the warp's first.
     const unsigned faults = __ballot_sync(kFullMask, first_fault != ~0ull);
+    if (!kEdges) return faults == 0u ? 0ull : ~__shfl_sync(kFullMask, first_fault, __ffs(int(faults)) - 1);
     if (faults != 0u && lane == __ffs(int(faults)) - 1) atomicMax(a.fault, ~first_fault);
 
     // One atomicOr per distinct (slot, value) of the warp: the lanes that share it are its bits.
@@ -66,6 +70,23 @@ __device__ __forceinline__ void select_block(const MsaVarlen& v, const Bitmap& b
         if (edge && key < bm.levels && lane == __ffs(int(peers)) - 1) {
             atomicOr(&bm.words[bm.column(t.head, key) + tile_word], peers);
         }
+    }    return 0ull;
+}
+
+// The error word (code, head, query, slot) of the select phase's fault word (0: no fault).
+__device__ __forceinline__ void write_error_word(const MsaVarlen& v, unsigned long long fault, int* word) {
+    // The first fault is the complement of the largest word.
+    const unsigned long long f = ~fault;
+    if (f == ~0ull) {
+        word[0] = word[1] = word[2] = word[3] = 0;
+    } else {
+        const unsigned long long lin = f >> 8;
+        const long long hq = static_cast<long long>(lin >> 4);
+        const int hh = int(hq / v.total_q);
+        word[0] = int(f & 0xffu);
+        word[1] = hh;
+        word[2] = int(hq - static_cast<long long>(hh) * v.total_q);
+        word[3] = int(lin & 15u);
     }
 }
 

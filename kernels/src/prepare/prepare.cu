@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) prepare_kernel(const __g
     }
     grid.sync();
 
-    for (unsigned b = blockIdx.x; b < a.sel.ctas; b += gridDim.x) select_block(a.v, a.bm, a.sel, b);
+    for (unsigned b = blockIdx.x; b < a.sel.ctas; b += gridDim.x) select_block<true>(a.v, a.bm, a.sel, b);
     grid.sync();
 
     {  // two groups per CTA, each its own levels: level L on group L % 2 of CTA (L / 2) % grid
@@ -93,20 +93,66 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) prepare_kernel(const __g
     for (unsigned b = blockIdx.x; b < a.sa.ctas; b += gridDim.x) scatter_block(a.v, a.bm, a.sa, b);
 }
 
-// CTAs of prepare_kernel resident at once on the current device (SMs x occupancy), read once per
-// device: a cooperative launch must not ask for more (a grid barrier would wait forever on a CTA
-// that never starts; the launch fails instead).
-cudaError_t resident_ctas(int* ctas) {
-    static std::atomic<int> cache[kCachedDevices];
-    return cached_per_device(cache, ctas, [](int, int* out) -> cudaError_t {
+// Slots of msa_prepare_validate's workspace: the most CTAs its grid takes.
+constexpr unsigned kValidateSlots = (MSA_PREPARE_VALIDATE_WORKSPACE_BYTES - kAlign) / sizeof(unsigned long long);
+
+struct ValidateArgs {
+    MsaVarlen v;
+    SelectArgs sel;
+    unsigned long long* slots;  // [gridDim.x]: each CTA's largest fault word
+    int* error_word;
+};
+
+// The largest of every thread's `x` in thread 0 (`warp_max`: one word per warp).
+__device__ __forceinline__ unsigned long long block_max(unsigned long long x, unsigned long long* warp_max) {
+    for (int d = 16; d > 0; d /= 2) x = max(x, __shfl_xor_sync(kFullMask, x, d));
+    if (threadIdx.x % 32u == 0u) warp_max[threadIdx.x / 32u] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (unsigned w = 1; w < kThreads / 32u; ++w) x = max(x, warp_max[w]);
+    }
+    __syncthreads();  // warp_max is reused
+    return x;
+}
+
+// The validation alone (msa_prepare_validate): prepare_kernel's select phase without the bitmap,
+// then the error word. What the forward needs: it reads only the validated top-k. Each CTA
+// writes its largest fault word to its own slot (no word to zero first), so one grid barrier
+// suffices; CTA 0 then reduces the slots.
+__global__ void __launch_bounds__(kThreads) validate_kernel(const __grid_constant__ ValidateArgs a) {
+    __shared__ unsigned long long warp_max[kThreads / 32];
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    unsigned long long fault = 0ull;
+    for (unsigned b = blockIdx.x; b < a.sel.ctas; b += gridDim.x) {
+        fault = max(fault, select_block<false>(a.v, Bitmap{}, a.sel, b));
+    }
+    fault = block_max(fault, warp_max);
+    if (threadIdx.x == 0) a.slots[blockIdx.x] = fault;
+    grid.sync();
+    if (blockIdx.x != 0) return;
+    fault = 0ull;
+    for (unsigned i = threadIdx.x; i < gridDim.x; i += kThreads) fault = max(fault, a.slots[i]);
+    fault = block_max(fault, warp_max);
+    if (threadIdx.x == 0) write_error_word(a.v, fault, a.error_word);
+}
+
+// CTAs of `kernel` resident at once on the current device (SMs x occupancy), read once per
+// device into `cache`: a cooperative launch must not ask for more (a grid barrier would wait
+// forever on a CTA that never starts; the launch fails instead).
+template <typename Kernel>
+cudaError_t resident_ctas(std::atomic<int> (&cache)[kCachedDevices], Kernel kernel, int* ctas) {
+    return cached_per_device(cache, ctas, [kernel](int, int* out) -> cudaError_t {
         int sms = 0, per_sm = 0;
         MSA_TRY(current_device_sms(&sms));
-        MSA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kernel, kThreads, 0));
+        MSA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
         if (per_sm < 1) return cudaErrorCooperativeLaunchTooLarge;
         *out = sms * per_sm;
         return cudaSuccess;
     });
 }
+
+std::atomic<int> prepare_resident[kCachedDevices];
+std::atomic<int> validate_resident[kCachedDevices];
 
 cudaError_t prepare_workspace_bytes(const MsaVarlen& varlen, size_t* bytes) {
     if (bytes == nullptr) return cudaErrorInvalidValue;
@@ -194,14 +240,41 @@ cudaError_t prepare_metadata(const int32_t* topk, const MsaVarlen& varlen, int32
     // The widest phase's virtual CTAs, at most what is resident: a tiny call does not start (and
     // wait at every barrier for) hundreds of idle CTAs; the zero phase loops over any grid.
     int resident = 0;
-    MSA_TRY(resident_ctas(&resident));
+    MSA_TRY(resident_ctas(prepare_resident, prepare_kernel, &resident));
     const unsigned widest = std::max({sa.ctas, unsigned(plan.levels + 1) / 2, unsigned(3 * kIndexHeads)});
     const unsigned grid = std::min(widest, static_cast<unsigned>(resident));
     return launch_cooperative(prepare_kernel, grid, kThreads, static_cast<cudaStream_t>(stream), a);
 }
 
+cudaError_t prepare_validate(const int32_t* topk, const MsaVarlen& varlen, int32_t* error_word,
+                             int32_t* split_counts, void* workspace, size_t workspace_bytes, void* stream) {
+    Plan plan;
+    MSA_TRY(make_plan(varlen, &plan));
+    if (workspace == nullptr || workspace_bytes < MSA_PREPARE_VALIDATE_WORKSPACE_BYTES || error_word == nullptr ||
+        (varlen.total_q > 0 && (topk == nullptr || split_counts == nullptr))) {
+        return cudaErrorInvalidValue;
+    }
+    ValidateArgs a{};
+    a.v = varlen;
+    a.sel.topk = topk;
+    a.sel.split_counts = split_counts;
+    a.sel.tiles = plan.tiles;
+    a.sel.ctas = grid_for(static_cast<long long>(kIndexHeads) * plan.tiles * kTileQueries);
+    a.slots = reinterpret_cast<unsigned long long*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+    a.error_word = error_word;
+    int resident = 0;
+    MSA_TRY(resident_ctas(validate_resident, validate_kernel, &resident));
+    const unsigned grid = std::max(1u, std::min({a.sel.ctas, static_cast<unsigned>(resident), kValidateSlots}));
+    return launch_cooperative(validate_kernel, grid, kThreads, static_cast<cudaStream_t>(stream), a);
+}
+
 }  // namespace
 }  // namespace msa
+
+extern "C" int msa_prepare_validate(const int32_t* topk, MsaVarlen varlen, int32_t* error_word,
+                                    int32_t* split_counts, void* workspace, size_t workspace_bytes, void* stream) {
+    return msa::prepare_validate(topk, varlen, error_word, split_counts, workspace, workspace_bytes, stream);
+}
 
 extern "C" int msa_prepare_workspace_bytes(MsaVarlen varlen, size_t* bytes) {
     return msa::prepare_workspace_bytes(varlen, bytes);

@@ -68,6 +68,10 @@ impl<'a> Executor<'a> for CpuReference {
         Ok(CpuMetadata { layout, topk })
     }
 
+    fn build_tables(&self, _meta: &mut Self::Metadata) -> Result<()> {
+        Ok(())
+    }
+
     fn forward(
         &self,
         meta: &Self::Metadata,

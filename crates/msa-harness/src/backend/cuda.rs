@@ -1,5 +1,6 @@
-//! The stages on the GPU (`msa::cuda`): every tensor stays on the device between stages, and
-//! the selection is validated there by `prepare`.
+//! The stages on the GPU (`msa::cuda`): every tensor stays on the device between stages, the
+//! selection is validated there by `prepare_forward`, and the CSR tables are built after the
+//! forward, where the backward starts.
 
 use std::sync::Arc;
 
@@ -29,11 +30,15 @@ impl Executor<'_> for CudaMsa {
     }
 
     fn prepare(&self, layout: &Self::Layout, topk: &[i32]) -> Result<Self::Metadata> {
-        Ok(CudaMsa::prepare(
+        Ok(CudaMsa::prepare_forward(
             self,
             layout,
             CudaMsa::upload(self, topk)?,
         )?)
+    }
+
+    fn build_tables(&self, meta: &mut Self::Metadata) -> Result<()> {
+        Ok(CudaMsa::build_tables(self, meta)?)
     }
 
     fn forward(

@@ -80,8 +80,11 @@ pub trait Executor<'a> {
 
     fn upload(&self, host: &'a [bf16]) -> Result<Self::Bf16>;
     fn layout(&self, host: &'a VarlenLayout) -> Result<Self::Layout>;
-    /// Validate `topk` (`[4, T, 16]`) and build the metadata of the attention stages.
+    /// Validate `topk` (`[4, T, 16]`): the metadata of the forward.
     fn prepare(&self, layout: &Self::Layout, topk: &'a [i32]) -> Result<Self::Metadata>;
+    /// Add what the backward and the KL backward read to `meta` (the device's CSR tables;
+    /// nothing on the CPU, whose reference reads the selection).
+    fn build_tables(&self, meta: &mut Self::Metadata) -> Result<()>;
     /// `(out, lse)`.
     fn forward(
         &self,
@@ -230,10 +233,15 @@ pub(crate) fn call<'a, E: Executor<'a>, G>(
         k: &k,
         v: &v,
     };
-    let meta = timed(e, &mut times, Stage::Prepare, || {
+    let mut meta = timed(e, &mut times, Stage::Prepare, || {
         e.prepare(&layout, host.topk)
     })?;
     let (out, lse) = timed(e, &mut times, Stage::Forward, || e.forward(&meta, &attn))?;
+    let backward_runs = opts.backward && host.dout.is_some();
+    let kl_runs = opts.kl && host.qi.is_some() && ki.is_some();
+    if backward_runs || kl_runs {
+        timed(e, &mut times, Stage::Tables, || e.build_tables(&mut meta))?;
+    }
     let mut o = Outputs::default();
     let (mut dk, mut dv, mut dki) = (None, None, None);
     if let (true, Some(dout)) = (opts.backward, host.dout) {

@@ -2,10 +2,11 @@
 //! call, read after the last one, so host gaps inside a call (the checked prepare's one
 //! synchronization) count and host work between calls does not.
 //!
-//! The unchecked prepare (stage `prepare`, what a training step pays) takes tens of µs on the
-//! device, less than the host needs to enqueue it (output allocations, argument checks, the
-//! launches); a training step enqueues it ahead of the device. Its timed calls therefore start
-//! behind a spacer (a memset of [`SPACER_BYTES`] enqueued before the start event), so the host
+//! The unchecked prepare (stage `prepare`, what a training step pays before its forward) and the
+//! tables (stage `tables`, before its backward) take µs to tens of µs on the device, less than
+//! the host needs to enqueue them (output allocations, argument checks, the launches); a
+//! training step enqueues them ahead of the device. Their timed calls therefore start behind a
+//! spacer (a memset of [`SPACER_BYTES`] enqueued before the start event), so the host
 //! has enqueued the call before the device reaches it and the events see device time only.
 
 use std::sync::Arc;
@@ -54,6 +55,17 @@ fn time<S, R>(
 /// one unchecked prepare.
 const SPACER_BYTES: usize = 512 << 20;
 
+/// The spacer buffer, allocated at its first use.
+fn spacer_in<'s>(
+    m: &CudaMsa,
+    slot: &'s mut Option<CudaSlice<u8>>,
+) -> msa::Result<&'s mut CudaSlice<u8>> {
+    if slot.is_none() {
+        *slot = Some(m.zeros::<u8>(SPACER_BYTES)?);
+    }
+    Ok(slot.as_mut().expect("allocated above"))
+}
+
 fn missing(stage: Stage, tensors: &'static str) -> HarnessError {
     HarnessError::MissingInputs { stage, tensors }
 }
@@ -75,10 +87,7 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
     for &stage in &opts.stages {
         let ms = match stage {
             Stage::Prepare => {
-                if spacer.is_none() {
-                    spacer = Some(m.zeros::<u8>(SPACER_BYTES)?);
-                }
-                let spacer = spacer.as_mut().expect("allocated above");
+                let spacer = spacer_in(m, &mut spacer)?;
                 time(
                     m,
                     opts,
@@ -87,14 +96,29 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
                         m.stream().memset_zeros(spacer)?;
                         Ok(topk)
                     },
-                    |topk| m.prepare_unchecked(&layout, topk),
+                    |topk| m.prepare_forward_unchecked(&layout, topk),
+                )?
+            }
+            Stage::Tables => {
+                let spacer = spacer_in(m, &mut spacer)?;
+                time(
+                    m,
+                    opts,
+                    || {
+                        // Each call starts from the forward's metadata, built outside the events.
+                        let topk = m.upload(&p.topk_indices)?;
+                        let meta = m.prepare_forward_unchecked(&layout, topk)?;
+                        m.stream().memset_zeros(spacer)?;
+                        Ok(meta)
+                    },
+                    |mut meta| m.build_tables(&mut meta),
                 )?
             }
             Stage::PrepareChecked => time(
                 m,
                 opts,
                 || m.upload(&p.topk_indices),
-                |topk| m.prepare(&layout, topk),
+                |topk| m.prepare_forward(&layout, topk),
             )?,
             Stage::Forward | Stage::ForwardSm80 => {
                 m.set_sm80_kernels(stage == Stage::ForwardSm80);

@@ -86,3 +86,37 @@ pub unsafe fn metadata(
         )
     })
 }
+
+/// Scratch bytes [`validate`] needs (`MSA_PREPARE_VALIDATE_WORKSPACE_BYTES`).
+pub const VALIDATE_WORKSPACE_BYTES: usize = sys::MSA_PREPARE_VALIDATE_WORKSPACE_BYTES as usize;
+
+/// The validation of [`metadata`] alone: `error_word` `[4]` and `split_counts` `[T, 4]` as
+/// [`metadata`] writes them, on `stream`, without synchronizing.
+///
+/// # Safety
+/// `topk` must hold `4·T·16` i32, `error_word` 4 and `split_counts` `4·T` (both may be 0 when
+/// T = 0, `topk` too), `workspace` `workspace_bytes` >= [`VALIDATE_WORKSPACE_BYTES`], all device
+/// memory usable from the current context, `varlen`'s sizes those of the selection, and `stream`
+/// a stream of it.
+pub unsafe fn validate(
+    topk: DevicePtr,
+    varlen: sys::MsaVarlen,
+    error_word: *mut i32,
+    split_counts: *mut i32,
+    workspace: DevicePtr,
+    workspace_bytes: usize,
+    stream: Stream,
+) -> Result<(), KernelError> {
+    // SAFETY: the caller upholds this function's contract.
+    KernelError::check("msa_prepare_validate", unsafe {
+        sys::msa_prepare_validate(
+            topk as *const i32,
+            varlen,
+            error_word,
+            split_counts,
+            workspace as *mut std::ffi::c_void,
+            workspace_bytes,
+            stream,
+        )
+    })
+}

@@ -54,7 +54,8 @@ impl CudaMsa {
         raw::BackwardPath::select(opts.deterministic, self.kernel_set())
     }
 
-    /// Sparse attention forward over `meta`'s selection: the sm_90a kernel on Hopper unless
+    /// Sparse attention forward over `meta`'s selection (the validated top-k is all it reads, so
+    /// [`CudaMsa::prepare_forward`]'s metadata suffices): the sm_90a kernel on Hopper unless
     /// [`CudaMsa::with_sm80_kernels`], with its workspace (claim counter, tile unions); the mma.sync kernel
     /// elsewhere.
     pub fn forward(
@@ -74,7 +75,7 @@ impl CudaMsa {
         {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
-            let m = meta.views(&mut g)?;
+            let topk = g.read("topk_indices", meta.topk(), s.selection)?;
             let inputs = attention_views(&mut g, q, k, v, s)?;
             let mut outputs = raw::ForwardOutputs {
                 out: g.write("out", &mut out, s.queries)?,
@@ -88,7 +89,7 @@ impl CudaMsa {
                 raw::forward(
                     shape,
                     &lay,
-                    &m,
+                    topk,
                     &inputs,
                     &mut outputs,
                     kernels,
@@ -118,6 +119,8 @@ impl CudaMsa {
         lse: &CudaSlice<f32>,
         opts: BackwardOptions,
     ) -> Result<DeviceGrads> {
+        // Before any allocation (a poisoned one launches a fill).
+        meta.tables("backward")?;
         let layout = meta.layout();
         let shape = layout.shape();
         let s = shape.sizes();
@@ -129,7 +132,7 @@ impl CudaMsa {
         {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
-            let m = meta.views(&mut g)?;
+            let m = meta.views(&mut g, "backward")?;
             let inputs = raw::BackwardInputs {
                 q: g.read("q", q, s.queries)?,
                 k: g.read("k", k, s.keys)?,

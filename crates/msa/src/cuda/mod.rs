@@ -36,7 +36,7 @@ use crate::raw;
 pub use attention::{BackwardOptions, DeviceForward, DeviceGrads};
 pub use kl::KlInputs;
 pub use layout::DeviceLayout;
-pub use prepare::Metadata;
+pub use prepare::{Metadata, Tables};
 pub use reference::{ReferenceForward, ReferenceGrads};
 pub use task_build::{DeviceSchedule, DeviceTaskTables};
 pub(crate) use views::Views;

@@ -2,6 +2,10 @@
 //! CSR, the forward work list and the physical CSR of one selection, built by one launcher with
 //! no host synchronization. Every table equals `msa_plan`'s host build word for word.
 //!
+//! The forward reads only the validated selection, so `prepare_forward` validates alone and
+//! `build_tables` adds the CSR tables where the backward starts (docs/perf/schedule.md,
+//! "Session 17"): a forward-only call never builds them.
+//!
 //! The metadata belongs to one top-k result (docs/contract.md §4), so [`Metadata`] owns the device
 //! selection it was built from; kernels that need the selection take it from there.
 
@@ -18,17 +22,13 @@ use crate::raw;
 /// Words of the validation result `(code, head, query, slot)`.
 const ERROR_WORDS: usize = 4;
 
-/// The device metadata of one top-k selection (int32 tensors, layouts of `msa_plan`).
-pub struct Metadata {
-    layout: Arc<DeviceLayout>,
-    topk: CudaSlice<i32>,
-    target_q_per_cta: usize,
-    work_capacity: usize,
-    error_word: CudaSlice<i32>,
+/// The CSR tables of one selection (int32 tensors, layouts of `msa_plan`): what the backward and
+/// the KL backward read. [`CudaMsa::prepare`] builds them; [`CudaMsa::prepare_forward`] leaves
+/// them to [`CudaMsa::build_tables`].
+pub struct Tables {
     row_ptr: CudaSlice<i32>,
     q_indices: CudaSlice<i32>,
     qsplit: CudaSlice<i32>,
-    split_counts: CudaSlice<i32>,
     scheduler_metadata: CudaSlice<i32>,
     work_count: CudaSlice<i32>,
     phys_row_ptr: CudaSlice<i32>,
@@ -38,27 +38,7 @@ pub struct Metadata {
     query_offsets: CudaSlice<i32>,
 }
 
-impl Metadata {
-    /// The layout the metadata was built for.
-    pub fn layout(&self) -> &Arc<DeviceLayout> {
-        &self.layout
-    }
-    /// The selection `[4, T, 16]` the metadata was built from.
-    pub fn topk(&self) -> &CudaSlice<i32> {
-        &self.topk
-    }
-    /// Chunk size of the work list (`balanced_target_q_per_cta(T, SMs)`).
-    pub fn target_q_per_cta(&self) -> usize {
-        self.target_q_per_cta
-    }
-    /// Rows of `scheduler_metadata` (`flat_schedule_capacity`).
-    pub fn work_capacity(&self) -> usize {
-        self.work_capacity
-    }
-    /// `[4]`: `(code, head, query, slot)` of the first invalid entry, zeros when valid.
-    pub fn error_word(&self) -> &CudaSlice<i32> {
-        &self.error_word
-    }
+impl Tables {
     /// `[4, R+1]` k2q row offsets.
     pub fn row_ptr(&self) -> &CudaSlice<i32> {
         &self.row_ptr
@@ -70,10 +50,6 @@ impl Metadata {
     /// `[4, T·16]` `q_local | writer_rank << 24`, `-1` tail.
     pub fn qsplit(&self) -> &CudaSlice<i32> {
         &self.qsplit
-    }
-    /// `[T, 4]` valid entries per (query, head).
-    pub fn split_counts(&self) -> &CudaSlice<i32> {
-        &self.split_counts
     }
     /// `[work_capacity, 6]` work items `(head, row, q_begin, q_count, fragment, level)`.
     pub fn scheduler_metadata(&self) -> &CudaSlice<i32> {
@@ -105,31 +81,101 @@ impl Metadata {
         &self.query_offsets
     }
 
-    /// The raw views of the selection and every metadata tensor, guards held by `v`.
-    pub(crate) fn views<'a>(&'a self, v: &mut Views<'a>) -> Result<raw::Metadata> {
+    fn new(msa: &CudaMsa, s: &raw::Sizes) -> Result<Self> {
+        Ok(Tables {
+            row_ptr: msa.output(s.row_ptr)?,
+            q_indices: msa.output(s.selection)?,
+            qsplit: msa.output(s.selection)?,
+            scheduler_metadata: msa.output(s.scheduler_metadata)?,
+            work_count: msa.output(s.work_count)?,
+            phys_row_ptr: msa.output(s.phys_row_ptr)?,
+            phys_q_indices: msa.output(s.selection)?,
+            phys_valid: msa.output(s.selection)?,
+            document_workspace_starts: msa.output(s.batch)?,
+            query_offsets: msa.output(s.batch)?,
+        })
+    }
+}
+
+/// The device metadata of one top-k selection: the selection, its validation word and
+/// per-(query, head) edge counts, and (unless it came from [`CudaMsa::prepare_forward`]) the CSR
+/// [`Tables`].
+pub struct Metadata {
+    layout: Arc<DeviceLayout>,
+    topk: CudaSlice<i32>,
+    target_q_per_cta: usize,
+    work_capacity: usize,
+    error_word: CudaSlice<i32>,
+    split_counts: CudaSlice<i32>,
+    tables: Option<Tables>,
+}
+
+impl Metadata {
+    /// The layout the metadata was built for.
+    pub fn layout(&self) -> &Arc<DeviceLayout> {
+        &self.layout
+    }
+    /// The selection `[4, T, 16]` the metadata was built from.
+    pub fn topk(&self) -> &CudaSlice<i32> {
+        &self.topk
+    }
+    /// Chunk size of the work list (`balanced_target_q_per_cta(T, SMs)`).
+    pub fn target_q_per_cta(&self) -> usize {
+        self.target_q_per_cta
+    }
+    /// Rows of `scheduler_metadata` (`flat_schedule_capacity`).
+    pub fn work_capacity(&self) -> usize {
+        self.work_capacity
+    }
+    /// `[4]`: `(code, head, query, slot)` of the first invalid entry, zeros when valid.
+    pub fn error_word(&self) -> &CudaSlice<i32> {
+        &self.error_word
+    }
+    /// `[T, 4]` valid entries per (query, head).
+    pub fn split_counts(&self) -> &CudaSlice<i32> {
+        &self.split_counts
+    }
+    /// Whether the CSR tables are built (the backward and the KL backward need them).
+    pub fn has_tables(&self) -> bool {
+        self.tables.is_some()
+    }
+    /// The CSR tables; [`MsaError::NoTables`] naming `op` when the metadata came from
+    /// [`CudaMsa::prepare_forward`] and [`CudaMsa::build_tables`] has not run on it.
+    pub fn tables(&self, op: &'static str) -> Result<&Tables> {
+        self.tables.as_ref().ok_or(MsaError::NoTables { op })
+    }
+
+    /// The raw views of the selection and every metadata tensor, guards held by `v`; `op` (the
+    /// caller) needs the tables.
+    pub(crate) fn views<'a>(
+        &'a self,
+        v: &mut Views<'a>,
+        op: &'static str,
+    ) -> Result<raw::Metadata> {
         let s = self.layout.shape().sizes();
+        let t = self.tables(op)?;
         Ok(raw::Metadata {
             topk: v.read("topk_indices", &self.topk, s.selection)?,
             error_word: v.read("error_word", &self.error_word, s.error_word)?,
-            row_ptr: v.read("row_ptr", &self.row_ptr, s.row_ptr)?,
-            q_indices: v.read("q_indices", &self.q_indices, s.selection)?,
-            qsplit: v.read("qsplit", &self.qsplit, s.selection)?,
+            row_ptr: v.read("row_ptr", &t.row_ptr, s.row_ptr)?,
+            q_indices: v.read("q_indices", &t.q_indices, s.selection)?,
+            qsplit: v.read("qsplit", &t.qsplit, s.selection)?,
             split_counts: v.read("split_counts", &self.split_counts, s.split_counts)?,
             scheduler_metadata: v.read(
                 "scheduler_metadata",
-                &self.scheduler_metadata,
+                &t.scheduler_metadata,
                 s.scheduler_metadata,
             )?,
-            work_count: v.read("work_count", &self.work_count, s.work_count)?,
-            phys_row_ptr: v.read("phys_row_ptr", &self.phys_row_ptr, s.phys_row_ptr)?,
-            phys_q_indices: v.read("phys_q_indices", &self.phys_q_indices, s.selection)?,
-            phys_valid: v.read("phys_valid", &self.phys_valid, s.selection)?,
+            work_count: v.read("work_count", &t.work_count, s.work_count)?,
+            phys_row_ptr: v.read("phys_row_ptr", &t.phys_row_ptr, s.phys_row_ptr)?,
+            phys_q_indices: v.read("phys_q_indices", &t.phys_q_indices, s.selection)?,
+            phys_valid: v.read("phys_valid", &t.phys_valid, s.selection)?,
             document_workspace_starts: v.read(
                 "document_workspace_starts",
-                &self.document_workspace_starts,
+                &t.document_workspace_starts,
                 s.batch,
             )?,
-            query_offsets: v.read("query_offsets", &self.query_offsets, s.batch)?,
+            query_offsets: v.read("query_offsets", &t.query_offsets, s.batch)?,
         })
     }
 
@@ -186,9 +232,9 @@ impl Metadata {
 }
 
 impl CudaMsa {
-    /// Build the metadata of `topk` (`[4, T, 16]`, taken over by the result) for `layout` and
-    /// validate the selection: one synchronization reads the validation word, and an invalid
-    /// entry is returned as `MsaError::Plan(PlanError::TopK { .. })`.
+    /// Build the metadata of `topk` (`[4, T, 16]`, taken over by the result) for `layout`, CSR
+    /// tables included, and validate the selection: one synchronization reads the validation
+    /// word, and an invalid entry is returned as `MsaError::Plan(PlanError::TopK { .. })`.
     pub fn prepare(&self, layout: &Arc<DeviceLayout>, topk: CudaSlice<i32>) -> Result<Metadata> {
         let metadata = self.prepare_unchecked(layout, topk)?;
         metadata.check(self)?;
@@ -204,65 +250,126 @@ impl CudaMsa {
         layout: &Arc<DeviceLayout>,
         topk: CudaSlice<i32>,
     ) -> Result<Metadata> {
+        let mut metadata = self.metadata_without_tables(layout, topk)?;
+        self.build_tables(&mut metadata)?;
+        Ok(metadata)
+    }
+
+    /// The validation alone (one short kernel): the metadata the forward needs, which reads only
+    /// the validated selection; the backward and the KL backward need [`CudaMsa::build_tables`]
+    /// on it first (else [`MsaError::NoTables`] before any launch). A training step pays the
+    /// tables where its backward starts; a forward-only call never does. Checked as
+    /// [`CudaMsa::prepare`]: one synchronization, the planner's typed error.
+    pub fn prepare_forward(
+        &self,
+        layout: &Arc<DeviceLayout>,
+        topk: CudaSlice<i32>,
+    ) -> Result<Metadata> {
+        let metadata = self.prepare_forward_unchecked(layout, topk)?;
+        metadata.check(self)?;
+        Ok(metadata)
+    }
+
+    /// [`CudaMsa::prepare_forward`] without reading the validation word: no host
+    /// synchronization, graph-capturable; call [`Metadata::check`] later.
+    pub fn prepare_forward_unchecked(
+        &self,
+        layout: &Arc<DeviceLayout>,
+        topk: CudaSlice<i32>,
+    ) -> Result<Metadata> {
+        let mut metadata = self.metadata_without_tables(layout, topk)?;
         let shape = layout.shape();
         let s = shape.sizes();
-        // Before any allocation (a poisoned one launches a fill).
-        if !(s.selection == 0 && topk.len() == 1) {
-            raw::check_length::<i32>("topk_indices", topk.len(), s.selection, "[4, T, 16]")?;
-        }
-        let mut metadata = Metadata {
-            layout: layout.clone(),
-            error_word: self.output(s.error_word)?,
-            row_ptr: self.output(s.row_ptr)?,
-            q_indices: self.output(s.selection)?,
-            qsplit: self.output(s.selection)?,
-            split_counts: self.output(s.split_counts)?,
-            scheduler_metadata: self.output(s.scheduler_metadata)?,
-            work_count: self.output(s.work_count)?,
-            phys_row_ptr: self.output(s.phys_row_ptr)?,
-            phys_q_indices: self.output(s.selection)?,
-            phys_valid: self.output(s.selection)?,
-            document_workspace_starts: self.output(s.batch)?,
-            query_offsets: self.output(s.batch)?,
-            topk,
-            target_q_per_cta: s.target_q_per_cta,
-            work_capacity: s.work_capacity,
+        self.context().bind_to_thread()?;
+        let mut workspace = self.scratch(raw::VALIDATE_WORKSPACE_BYTES)?;
+        let mut v = Views::new(self)?;
+        let m = &mut metadata;
+        let lay = layout.views(&mut v)?;
+        let topk = v.read("topk_indices", &m.topk, s.selection)?;
+        let mut out = raw::ValidateOutputs {
+            error_word: v.write("error_word", &mut m.error_word, s.error_word)?,
+            split_counts: v.write("split_counts", &mut m.split_counts, s.split_counts)?,
+        };
+        let ws = v.workspace("validation workspace", &mut workspace)?;
+        // SAFETY: every view is a live allocation of this context (guards held by `v` until
+        // the launch is enqueued; the workspace is freed in stream order after it), the stream
+        // is the context's, and the layout's arrays are this shape's.
+        unsafe { raw::prepare_validate(shape, &lay, topk, &mut out, ws, v.stream())? };
+        drop(v);
+        Ok(metadata)
+    }
+
+    /// Build `meta`'s CSR tables on the device (one cooperative kernel, no host synchronization,
+    /// graph-capturable; it validates the selection again, writing the same word). Rebuilds
+    /// them when present, so a graph that captures this call refreshes them on replay.
+    pub fn build_tables(&self, meta: &mut Metadata) -> Result<()> {
+        let layout = meta.layout.clone();
+        let shape = layout.shape();
+        let s = shape.sizes();
+        let mut tables = match meta.tables.take() {
+            Some(t) => t,
+            None => Tables::new(self, s)?,
         };
         self.context().bind_to_thread()?;
         let bytes = raw::prepare_workspace_bytes(shape)?;
         let mut workspace = self.scratch(bytes)?;
-        let mut v = Views::new(self)?;
-        let m = &mut metadata;
-        let lay = m.layout.views(&mut v)?;
-        let topk = v.read("topk_indices", &m.topk, s.selection)?;
-        let mut out = raw::PrepareOutputs {
-            error_word: v.write("error_word", &mut m.error_word, s.error_word)?,
-            row_ptr: v.write("row_ptr", &mut m.row_ptr, s.row_ptr)?,
-            q_indices: v.write("q_indices", &mut m.q_indices, s.selection)?,
-            qsplit: v.write("qsplit", &mut m.qsplit, s.selection)?,
-            split_counts: v.write("split_counts", &mut m.split_counts, s.split_counts)?,
-            scheduler_metadata: v.write(
-                "scheduler_metadata",
-                &mut m.scheduler_metadata,
-                s.scheduler_metadata,
-            )?,
-            work_count: v.write("work_count", &mut m.work_count, s.work_count)?,
-            phys_row_ptr: v.write("phys_row_ptr", &mut m.phys_row_ptr, s.phys_row_ptr)?,
-            phys_q_indices: v.write("phys_q_indices", &mut m.phys_q_indices, s.selection)?,
-            phys_valid: v.write("phys_valid", &mut m.phys_valid, s.selection)?,
-            document_workspace_starts: v.write(
-                "document_workspace_starts",
-                &mut m.document_workspace_starts,
-                s.batch,
-            )?,
-            query_offsets: v.write("query_offsets", &mut m.query_offsets, s.batch)?,
-        };
-        let ws = v.workspace("prepare workspace", &mut workspace)?;
-        // SAFETY: every view is a live allocation of this context (guards held by `v` until
-        // the launches are enqueued; the workspace is freed in stream order after them), the
-        // stream is the context's, and the layout's arrays are this shape's.
-        unsafe { raw::prepare(shape, &lay, topk, &mut out, ws, v.stream())? };
-        drop(v);
-        Ok(metadata)
+        {
+            let mut v = Views::new(self)?;
+            let m = &mut *meta;
+            let t = &mut tables;
+            let lay = layout.views(&mut v)?;
+            let topk = v.read("topk_indices", &m.topk, s.selection)?;
+            let mut out = raw::PrepareOutputs {
+                error_word: v.write("error_word", &mut m.error_word, s.error_word)?,
+                row_ptr: v.write("row_ptr", &mut t.row_ptr, s.row_ptr)?,
+                q_indices: v.write("q_indices", &mut t.q_indices, s.selection)?,
+                qsplit: v.write("qsplit", &mut t.qsplit, s.selection)?,
+                split_counts: v.write("split_counts", &mut m.split_counts, s.split_counts)?,
+                scheduler_metadata: v.write(
+                    "scheduler_metadata",
+                    &mut t.scheduler_metadata,
+                    s.scheduler_metadata,
+                )?,
+                work_count: v.write("work_count", &mut t.work_count, s.work_count)?,
+                phys_row_ptr: v.write("phys_row_ptr", &mut t.phys_row_ptr, s.phys_row_ptr)?,
+                phys_q_indices: v.write("phys_q_indices", &mut t.phys_q_indices, s.selection)?,
+                phys_valid: v.write("phys_valid", &mut t.phys_valid, s.selection)?,
+                document_workspace_starts: v.write(
+                    "document_workspace_starts",
+                    &mut t.document_workspace_starts,
+                    s.batch,
+                )?,
+                query_offsets: v.write("query_offsets", &mut t.query_offsets, s.batch)?,
+            };
+            let ws = v.workspace("prepare workspace", &mut workspace)?;
+            // SAFETY: every view is a live allocation of this context (guards held by `v` until
+            // the launches are enqueued; the workspace is freed in stream order after them), the
+            // stream is the context's, and the layout's arrays are this shape's.
+            unsafe { raw::prepare(shape, &lay, topk, &mut out, ws, v.stream())? };
+        }
+        meta.tables = Some(tables);
+        Ok(())
+    }
+
+    /// The metadata of `topk` with its validation outputs allocated, no tables, nothing
+    /// launched: the length check comes before any allocation (a poisoned one launches a fill).
+    fn metadata_without_tables(
+        &self,
+        layout: &Arc<DeviceLayout>,
+        topk: CudaSlice<i32>,
+    ) -> Result<Metadata> {
+        let s = layout.shape().sizes();
+        if !(s.selection == 0 && topk.len() == 1) {
+            raw::check_length::<i32>("topk_indices", topk.len(), s.selection, "[4, T, 16]")?;
+        }
+        Ok(Metadata {
+            layout: layout.clone(),
+            error_word: self.output(s.error_word)?,
+            split_counts: self.output(s.split_counts)?,
+            topk,
+            target_q_per_cta: s.target_q_per_cta,
+            work_capacity: s.work_capacity,
+            tables: None,
+        })
     }
 }

@@ -88,7 +88,9 @@ impl Gradients {
     }
 }
 
-/// The sparse attention forward over `meta`'s selection (`meta.topk`, which must be valid):
+/// The sparse attention forward over the selection `topk` (`[4, T, 16]`, which must be valid:
+/// [`prepare_validate`](super::prepare_validate) or [`prepare`](super::prepare) checked it; the
+/// forward reads nothing else of the metadata):
 /// `out` and `lse`, deterministic. With [`KernelSet::Sm90a`] on compute capability 9.0 the
 /// warp-specialized wgmma/TMA kernel runs (its TMA descriptors are encoded on the host at each
 /// launch, by value, so a captured graph replays with the same buffers); [`KernelSet::Sm80`]
@@ -99,14 +101,14 @@ impl Gradients {
 /// # Safety
 /// Every view must be device memory of its length, usable from the current CUDA context, that
 /// stays allocated until the launches have run; `stream` must be a live stream of that context;
-/// `layout` must be the layout of `shape` and `meta` [`prepare`](super::prepare)'s output for it,
-/// on a selection that passed validation (the kernels trust it).
+/// `layout` must be the layout of `shape` and `topk` a selection for it that passed validation
+/// (the kernels trust it).
 // One argument per role, as the C launchers.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn forward(
     shape: &CallShape,
     layout: &Layout,
-    meta: &Metadata,
+    topk: DevSlice<i32>,
     inputs: &AttentionInputs,
     out: &mut ForwardOutputs,
     kernels: KernelSet,
@@ -115,7 +117,7 @@ pub unsafe fn forward(
 ) -> Result<()> {
     let s = shape.sizes();
     layout.check(shape)?;
-    meta.check(shape)?;
+    check::tensor("topk_indices", &topk, s.selection, "[4, T, 16]")?;
     inputs.check(shape)?;
     check::output("out", &out.out, s.queries, "[T, 64, 128]")?;
     check::output("lse", &out.lse, s.query_heads, "[T, 64]")?;
@@ -125,7 +127,7 @@ pub unsafe fn forward(
         q: inputs.q.ptr().cast(),
         k: inputs.k.ptr().cast(),
         v: inputs.v.ptr().cast(),
-        topk: meta.topk.ptr(),
+        topk: topk.ptr(),
         varlen: layout.varlen(shape),
         out: out.out.ptr().cast(),
         lse: out.lse.ptr(),

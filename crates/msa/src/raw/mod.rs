@@ -50,7 +50,8 @@ pub use indexer::{indexer_forward, selection_lse};
 pub use kl::{kl_backward, KlInputs};
 pub use layout::{build_layout, Layout, LayoutOutputs};
 pub use prepare::{
-    prepare, prepare_workspace_bytes, read_error_word, validate_prepare, Metadata, PrepareOutputs,
+    prepare, prepare_validate, prepare_workspace_bytes, read_error_word, validate_prepare,
+    Metadata, PrepareOutputs, ValidateOutputs, VALIDATE_WORKSPACE_BYTES,
 };
 pub use reference::{
     reference_backward, reference_forward, reference_kl_backward, ReferenceBackwardInputs,

@@ -213,6 +213,58 @@ pub unsafe fn prepare(
     Ok(())
 }
 
+/// The outputs of [`prepare_validate`]: the two tensors of [`PrepareOutputs`] that the
+/// validation writes, with the same shapes and values.
+#[derive(Debug)]
+pub struct ValidateOutputs {
+    /// `[4]`: `(code, head, query, slot)` of the first invalid top-k entry, zeros when valid.
+    pub error_word: DevSliceMut<i32>,
+    /// `[T, 4]`: entries `0 <= e < num_blocks` per (query, head).
+    pub split_counts: DevSliceMut<i32>,
+}
+
+/// Scratch bytes [`prepare_validate`] needs (the fault word).
+pub const VALIDATE_WORKSPACE_BYTES: usize = launch::prepare::VALIDATE_WORKSPACE_BYTES;
+
+/// The validation of [`prepare`] alone: `out.error_word` and `out.split_counts` exactly as
+/// [`prepare`] writes them, none of the CSR tables. It is all the forward needs (it reads only
+/// the validated selection); the backward and the KL backward need [`prepare`]'s tables. One
+/// cooperative kernel, no host synchronization, graph-capturable; read the word with
+/// [`validate_prepare`]. `workspace` must hold at least [`VALIDATE_WORKSPACE_BYTES`], 256-byte
+/// aligned. Lengths are checked before any launch.
+///
+/// # Safety
+/// As [`prepare`].
+pub unsafe fn prepare_validate(
+    shape: &CallShape,
+    layout: &Layout,
+    topk: DevSlice<i32>,
+    out: &mut ValidateOutputs,
+    workspace: DevSliceMut<u8>,
+    stream: Stream,
+) -> Result<()> {
+    let s = shape.sizes();
+    layout.check(shape)?;
+    check::tensor("topk_indices", &topk, s.selection, "[4, T, 16]")?;
+    check::output("error_word", &out.error_word, s.error_word, "[4]")?;
+    check::output("split_counts", &out.split_counts, s.split_counts, "[T, 4]")?;
+    check::workspace("validation workspace", &workspace, VALIDATE_WORKSPACE_BYTES)?;
+    // SAFETY: every length checked above against `shape`; the caller's contract covers the
+    // memory, stream and layout.
+    unsafe {
+        launch::prepare::validate(
+            topk.addr(),
+            layout.varlen(shape),
+            out.error_word.ptr(),
+            out.split_counts.ptr(),
+            workspace.addr(),
+            workspace.len(),
+            stream.as_raw(),
+        )?
+    };
+    Ok(())
+}
+
 /// Read prepare's error word `[4]` (one device-to-host copy, then the stream is synchronized):
 /// the raw word `(code, head, query, slot)`, zeros when the selection is valid.
 ///

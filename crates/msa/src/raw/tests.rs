@@ -283,7 +283,7 @@ fn every_entry_point_checks_lengths_before_any_launch() {
         forward(
             &shape,
             &layout,
-            &meta,
+            meta.topk,
             &inputs,
             &mut out,
             KernelSet::Sm90a,
@@ -314,7 +314,7 @@ fn every_entry_point_checks_lengths_before_any_launch() {
         forward(
             &shape,
             &layout,
-            &meta,
+            meta.topk,
             &inputs,
             &mut out,
             KernelSet::Sm90a,
@@ -337,7 +337,7 @@ fn every_entry_point_checks_lengths_before_any_launch() {
         forward(
             &shape,
             &layout,
-            &meta,
+            meta.topk,
             &inputs,
             &mut out,
             KernelSet::Sm90a,
@@ -392,7 +392,7 @@ fn every_entry_point_checks_lengths_before_any_launch() {
         forward(
             &other,
             &layout,
-            &meta,
+            meta.topk,
             &inputs,
             &mut out,
             KernelSet::Sm80,
@@ -401,6 +401,24 @@ fn every_entry_point_checks_lengths_before_any_launch() {
         )
     };
     assert_eq!(tensor_error(r).0, "cu_seqlens_q");
+
+    // Validation: a short split_counts, then a small workspace.
+    let mut vout = ValidateOutputs {
+        error_word: f.rw(s.error_word),
+        split_counts: f.rw(s.split_counts - 1),
+    };
+    let ws = f.rw::<u8>(VALIDATE_WORKSPACE_BYTES);
+    // SAFETY: rejected before any launch.
+    let r = unsafe { prepare_validate(&shape, &layout, meta.topk, &mut vout, ws, stream) };
+    assert_eq!(tensor_error(r).0, "split_counts");
+    let mut vout = ValidateOutputs {
+        error_word: f.rw(s.error_word),
+        split_counts: f.rw(s.split_counts),
+    };
+    let ws = f.rw::<u8>(VALIDATE_WORKSPACE_BYTES - 1);
+    // SAFETY: rejected before any launch.
+    let r = unsafe { prepare_validate(&shape, &layout, meta.topk, &mut vout, ws, stream) };
+    assert_eq!(tensor_error(r).0, "validation workspace");
 
     // Indexer, selection LSE, KL.
     let mut topk = f.rw::<i32>(s.selection);
