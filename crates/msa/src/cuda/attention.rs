@@ -120,7 +120,7 @@ impl CudaMsa {
         opts: BackwardOptions,
     ) -> Result<DeviceGrads> {
         // Before any allocation (a poisoned one launches a fill).
-        meta.tables("backward")?;
+        let tables = meta.tables("backward")?;
         let layout = meta.layout();
         let shape = layout.shape();
         let s = shape.sizes();
@@ -132,7 +132,7 @@ impl CudaMsa {
         {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
-            let m = meta.views(&mut g, "backward")?;
+            let m = meta.views(&mut g, tables)?;
             let inputs = raw::BackwardInputs {
                 q: g.read("q", q, s.queries)?,
                 k: g.read("k", k, s.keys)?,

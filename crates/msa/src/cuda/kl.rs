@@ -50,7 +50,7 @@ impl CudaMsa {
         loss_coeff: f32,
     ) -> Result<(CudaSlice<bf16>, CudaSlice<bf16>)> {
         // Before any allocation (a poisoned one launches a fill).
-        metadata.tables("kl_backward")?;
+        let tables = metadata.tables("kl_backward")?;
         let layout = metadata.layout();
         let shape = layout.shape();
         let s = shape.sizes();
@@ -60,7 +60,7 @@ impl CudaMsa {
         {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
-            let m = metadata.views(&mut g, "kl_backward")?;
+            let m = metadata.views(&mut g, tables)?;
             let raw_inputs = inputs.views(&mut g, s)?;
             let mut dqi_v = g.write("dqi", &mut dqi, s.index_queries)?;
             let mut dki_v = g.write("dki", &mut dki, s.index_keys)?;

@@ -145,15 +145,10 @@ impl Metadata {
         self.tables.as_ref().ok_or(MsaError::NoTables { op })
     }
 
-    /// The raw views of the selection and every metadata tensor, guards held by `v`; `op` (the
-    /// caller) needs the tables.
-    pub(crate) fn views<'a>(
-        &'a self,
-        v: &mut Views<'a>,
-        op: &'static str,
-    ) -> Result<raw::Metadata> {
+    /// The raw views of the selection and every metadata tensor, guards held by `v`; `t` is this
+    /// metadata's tables, which the caller took with [`Metadata::tables`] before allocating.
+    pub(crate) fn views<'a>(&'a self, v: &mut Views<'a>, t: &'a Tables) -> Result<raw::Metadata> {
         let s = self.layout.shape().sizes();
-        let t = self.tables(op)?;
         Ok(raw::Metadata {
             topk: v.read("topk_indices", &self.topk, s.selection)?,
             error_word: v.read("error_word", &self.error_word, s.error_word)?,

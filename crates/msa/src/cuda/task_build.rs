@@ -101,7 +101,7 @@ impl CudaMsa {
     /// device's SM count; no host synchronization.
     pub fn task_build(&self, metadata: &Metadata) -> Result<DeviceTaskTables> {
         // Before any allocation (a poisoned one launches a fill).
-        metadata.tables("task_build")?;
+        let csr = metadata.tables("task_build")?;
         let layout = metadata.layout();
         let shape = raw::TaskBuildShape::of(layout.shape());
         let sizes = shape.sizes()?;
@@ -109,7 +109,7 @@ impl CudaMsa {
         {
             let mut g = Views::new(self)?;
             let lay = layout.views(&mut g)?;
-            let m = metadata.views(&mut g, "task_build")?;
+            let m = metadata.views(&mut g, csr)?;
             let inputs = raw::TaskBuildInputs::of(&lay, &m);
             // SAFETY: prepare built every input with this shape, and its work items lie inside
             // its CSR by construction; guards held by `g` until the launches are enqueued.
