@@ -7,8 +7,9 @@
 // Warp specialization (FlashAttention-3's structure): 384 threads, warpgroup 0 is the producer,
 // warpgroups 1 and 2 are consumers owning rows 0-63 (queries 0-3) and 64-127 (queries 4-7). In
 // the producer, warp 1 (the builder) claims items and builds each one's union (build_union_warp)
-// a tile ahead, and lane 0 of warp 0 (the loader) issues the TMA loads of Q and of K and V per
-// union block into a 2-stage ring. In the m64 accumulator layout warp w of a consumer holds rows
+// a tile ahead, lane 0 of warp 2 (the Q loader) issues each tile's Q load into one of two
+// buffers, and lane 0 of warp 0 (the K/V loader) the loads of K and V per union block into
+// 2-stage rings. In the m64 accumulator layout warp w of a consumer holds rows
 // 16w..16w+15: one query's 16 heads, so the causal and selection masks are warp-uniform (a query
 // that did not choose a union block gets P = 0 for it). S = QK^T is an SS wgmma chain; O += PV
 // takes P from registers (RS). S of block j+1 is issued together with PV of block j, across tile
@@ -55,8 +56,8 @@ constexpr int kOutStageBytes = kHeadsPerGroup * kHeadDim * 2;  // one query's 16
 // keys, mask of the tile queries that chose it).
 using StageInfo = int4;
 
-// One tile from the builder to the loader (slot n % kSlots, so the builder runs up to kSlots
-// tiles ahead) and from the loader to the consumers (tile n % 2, beside Q buffer n % 2): the
+// One tile from the builder to the loaders (slot n % kSlots, so the builder runs up to kSlots
+// tiles ahead) and from the Q loader to the consumers (tile n % 2, beside Q buffer n % 2): the
 // claimed item, its union size (-1: no more items) and its queries' workspace positions (-1 past
 // T).
 constexpr int kSlots = 4;
@@ -567,12 +568,41 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
     epilogue(o, cs.rs.m, cs.rs.l, owner.t, owner.g, owner.valid(), p, op);
 }
 
+// Warp 2 of the producer warpgroup: per tile, lane 0 passes the tile on to the consumers (tile
+// n % 2) once they have released tile n - 2, frees its slot and loads Q; a tile without blocks,
+// or the end, completes its Q buffer's phase with a plain arrival. Apart from the K/V loader, so
+// Q goes out as soon as its buffer frees instead of after the previous tile's K/V loads, which
+// wait on the 2-stage ring (run 82: on 434/r0, 1-3 blocks per tile, the consumers waited for Q
+// on 9% of the samples).
+__device__ __forceinline__ void q_loader(Smem& sm, const Params& p, const CUtensorMap* qmap) {
+    const int lane = threadIdx.x & 31;
+    for (int n = 0;; ++n) {
+        const int b = n % kSlots, qb = n & 1;
+        mbar_wait(&sm.slot_full[b], (n / kSlots) & 1);
+        const int u = sm.slot[b].u, item = sm.slot[b].item;
+        if (lane != 0) {
+            mbar_arrive(&sm.slot_empty[b]);  // per lane, after its reads of the slot
+        } else {
+            mbar_wait(&sm.q_empty[qb], ((n >> 1) & 1) ^ 1);
+            sm.tile[qb] = sm.slot[b];
+            mbar_arrive(&sm.slot_empty[b]);
+            if (u > 0) {
+                const int g = item / p.tiles, tile = item - g * p.tiles;
+                mbar_arrive_expect_tx(&sm.q_full[qb], kTileBytes);
+                for (int half = 0; half < 2; ++half)
+                    tma_load_3d(sm.q[qb] + half * kHalfBytes, qmap, &sm.q_full[qb], 64 * half, g * kHeadsPerGroup,
+                                tile * kQueriesPerCta);
+            } else {
+                mbar_arrive(&sm.q_full[qb]);
+            }
+        }
+        if (u < 0) break;
+    }
+}
+
 // Warp 0 of the producer warpgroup: per tile the warp copies the builder's union into shared
-// memory, lane 0 passes the tile on to the consumers (tile n % 2) and issues the TMA loads (Q
-// once per tile, then K and V of every union block). A tile without blocks, or the end, completes
-// its Q buffer's phase with a plain arrival.
-__device__ __forceinline__ void loader(Smem& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* kmap,
-                                       const CUtensorMap* vmap) {
+// memory and lane 0 issues the TMA loads of K and V of every union block into the 2-stage rings.
+__device__ __forceinline__ void kv_loader(Smem& sm, const Params& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     const int lane = threadIdx.x & 31;
     int kb = 0, vb = 0;
     bool v_pending = false;
@@ -585,42 +615,18 @@ __device__ __forceinline__ void loader(Smem& sm, const Params& p, const CUtensor
             tma_load_2d(sm.v[sv] + half * kHalfBytes, vmap, &sm.v_full[sv], v_col + 64 * half, v_row);
         ++vb;
     };
-    // Lane 0 hands tile n to the consumers once they have released tile n - 2, then frees its slot.
-    auto pass_on = [&](int n, int b, int qb) {
-        mbar_wait(&sm.q_empty[qb], ((n >> 1) & 1) ^ 1);
-        sm.tile[qb] = sm.slot[b];
-        mbar_arrive(&sm.slot_empty[b]);
-    };
     for (int n = 0;; ++n) {
-        const int b = n % kSlots, qb = n & 1;
+        const int b = n % kSlots;
         mbar_wait(&sm.slot_full[b], (n / kSlots) & 1);
         const int u = sm.slot[b].u, item = sm.slot[b].item;
-        if (lane != 0) mbar_arrive(&sm.slot_empty[b]);  // per lane, after its reads of the slot
-        if (u < 0) {
-            if (lane == 0) {
-                pass_on(n, b, qb);
-                mbar_arrive(&sm.q_full[qb]);
-            }
-            break;
-        }
-        const int g = item / p.tiles, tile = item - g * p.tiles;
-        // The union's loads go out first; Q is issued while they are in flight.
+        mbar_arrive(&sm.slot_empty[b]);  // per lane, after its reads of the slot
+        if (u < 0) break;
+        const int g = item / p.tiles;
         const int4* entries = p.entries + static_cast<int64_t>(item) * kUnionMax;
         int4 mine[kUnionMax / 32];
 #pragma unroll
         for (int r = 0; r < kUnionMax / 32; ++r)
             if (lane + 32 * r < u) mine[r] = entries[lane + 32 * r];
-        if (lane == 0) {
-            pass_on(n, b, qb);
-            if (u > 0) {
-                mbar_arrive_expect_tx(&sm.q_full[qb], kTileBytes);
-                for (int half = 0; half < 2; ++half)
-                    tma_load_3d(sm.q[qb] + half * kHalfBytes, qmap, &sm.q_full[qb], 64 * half, g * kHeadsPerGroup,
-                                tile * kQueriesPerCta);
-            } else {
-                mbar_arrive(&sm.q_full[qb]);
-            }
-        }
 #pragma unroll
         for (int r = 0; r < kUnionMax / 32; ++r)
             if (lane + 32 * r < u) sm.list[lane + 32 * r] = mine[r];
@@ -666,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         sm.loaded = 0;
         for (int b = 0; b < kSlots; ++b) {
             mbar_init(&sm.slot_full[b], 32);
-            mbar_init(&sm.slot_empty[b], 32);
+            mbar_init(&sm.slot_empty[b], 64);  // the K/V and the Q loader's lanes
         }
         for (int b = 0; b < 2; ++b) {
             mbar_init(&sm.q_full[b], 1);
@@ -685,8 +691,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (warp < 4) {
         regs_dealloc<40>();
-        if (warp == 0) loader(sm, p, &qmap, &kmap, &vmap);
+        if (warp == 0) kv_loader(sm, p, &kmap, &vmap);
         if (warp == 1) builder(sm, p);
+        if (warp == 2) q_loader(sm, p, &qmap);
     } else {
         regs_alloc<232>();
         const OutPort op{&omap, sm.ostage[warp - 4]};
