@@ -79,6 +79,7 @@ for n in $jobs; do case "$n" in
 esac; done
 wait
 for d in "$F"/*/; do
+  [ -d "$d" ] || continue  # FINAL_JOBS=" ": no job ran
   n="$(basename "$d")"
   echo "=== $n: $(tail -n 1 "$d/log")"
   grep -E "^test .*(ok|FAILED)$|test result|^PASS|^FAIL|passed|failed|SUMMARY|real_cases\] case|train_step|rc=" "$d/log" | tail -12
