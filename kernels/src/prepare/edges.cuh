@@ -33,7 +33,7 @@ struct SelectArgs {
 // no fault), which the caller reduces; kEdges = true returns 0.
 template <bool kEdges>
 __device__ __forceinline__ unsigned long long select_block(const MsaVarlen& v, const Bitmap& bm, const SelectArgs& a,
-                                             unsigned block) {
+                                                            unsigned block) {
     const QueryThread t = query_thread(v.total_q, a.tiles, block);
     const int lane = int(threadIdx.x % 32u);
     TopkRow row{};
@@ -70,7 +70,8 @@ __device__ __forceinline__ unsigned long long select_block(const MsaVarlen& v, c
         if (edge && key < bm.levels && lane == __ffs(int(peers)) - 1) {
             atomicOr(&bm.words[bm.column(t.head, key) + tile_word], peers);
         }
-    }    return 0ull;
+    }
+    return 0ull;
 }
 
 // The error word (code, head, query, slot) of the select phase's fault word (0: no fault).
