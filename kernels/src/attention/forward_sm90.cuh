@@ -6,8 +6,8 @@
 //
 // Warp specialization (FlashAttention-3's structure): 384 threads, warpgroup 0 is the producer,
 // warpgroups 1 and 2 are consumers owning rows 0-63 (queries 0-3) and 64-127 (queries 4-7). In
-// the producer, warp 1 (the builder) claims items and builds each one's union (build_union_warp)
-// a tile ahead, lane 0 of warp 2 (the Q loader) issues each tile's Q load into one of two
+// the producer, warp 1 (the builder; with kBuilders = 2 also warp 3, see shared_builder) claims
+// items and builds each one's union (build_union_warp) a tile ahead, lane 0 of warp 2 (the Q loader) issues each tile's Q load into one of two
 // buffers, and lane 0 of warp 0 (the K/V loader) the loads of K and V per union block into
 // 2-stage rings. In the m64 accumulator layout warp w of a consumer holds rows
 // 16w..16w+15: one query's 16 heads, so the causal and selection masks are warp-uniform (a query
@@ -67,6 +67,20 @@ constexpr int kSlots = 4;
 // tiles per CTA, and the random pattern's mid rows lost 8-14% to the CTAs left idle at the end:
 // run 67, same SM active cycles, 1.19x the duration).
 constexpr int kAheadBlocks = 8;
+// Rows whose fragments span at most kShortDocBlocks KV blocks on average (MsaVarlen::total_rows)
+// run the kernel with two builders (kBuilders = 2, warps 1 and 3): there tiles have 1-3 union
+// blocks, one builder's chain of dependent global loads sets the pace (run 82: it never slept, the
+// loader waited for it) and a second gives +10% (434/r0, mean 2.4 blocks; runs 85-91). Elsewhere
+// it costs 1-6% (runs 87, 88, 91: the next row has 5.9), so one builder runs there.
+constexpr int kShortDocBlocks = 4;
+// With two builders, an item claimed and not yet built counts kClaimWeight blocks against
+// kAheadBlocks, so a CTA does not hold two extra long tiles at the end (run 67's imbalance); the
+// second builder claims only while the first falls behind on tiles of few blocks: while the first
+// is not done, it waits while kHelpBelow or more built blocks wait for the loader or while the
+// last union built had more than kHelpUnion blocks (its first claim too).
+constexpr int kClaimWeight = kAheadBlocks / 2;
+constexpr int kHelpBelow = 2;
+constexpr int kHelpUnion = 3;
 struct TileSlot {
     int item, u;
     int wpos[kQueriesPerCta];
@@ -78,15 +92,22 @@ struct Smem {
     uint8_t v[kStagesV][kTileBytes];
     uint8_t ostage[8][kOutStageBytes];  // per consumer warp: its query's O for the TMA store
     StageInfo info[kStagesK];
-    StageInfo list[kUnionMax];  // the loader's copy of the current tile's union
-    alignas(16) uint32_t keys[kUnionMax];  // the builder's sorted keys
+    union {
+        StageInfo list[kUnionMax];  // one builder: the K/V loader's copy of the current tile's union
+        uint32_t keys[kUnionMax];   // two: the second builder's sorted keys (the loader walks by shuffles)
+    } scratch;
+    alignas(16) uint32_t keys[kUnionMax];  // the (first) builder's sorted keys
     TileSlot slot[kSlots];
     TileSlot tile[2];
-    int loaded;  // union blocks whose K load the loader issued (its lane 0 stores, the builder polls;
+    int loaded;  // union blocks whose K load the loader issued (its lane 0 stores, the builders poll;
                  // shared-memory atomics, so racecheck sees no unsynchronized access)
     uint64_t slot_full[kSlots], slot_empty[kSlots];
     uint64_t q_full[2], q_empty[2];
     uint64_t k_full[kStagesK], k_empty[kStagesK], v_full[kStagesV], v_empty[kStagesV];
+    // Two builders' shared state (shared-memory atomics): union blocks built plus kClaimWeight per
+    // item claimed and not yet built, blocks built, the last union's size, the next slot index,
+    // builders out of items. Last, so one builder's layout is the same without it.
+    int ahead, built, last_u, next_slot, finished;
 };
 constexpr int kSmemBytes = static_cast<int>(sizeof(Smem));
 static_assert(kSmemBytes <= kMaxSmemSm90, "the forward's shared memory fits a block");
@@ -353,6 +374,87 @@ __device__ __forceinline__ void builder(Smem& sm, const Params& p) {
     }
 }
 
+// Warps 1 and 3 of the producer warpgroup with kBuilders = 2 (builder `id`): each claims items in
+// natural order (the first builder's first by CTA index, every other from the counter), takes the
+// next slot index, builds the item's union into it once the loaders have taken the tile kSlots
+// before, and hands it over. The loaders take slots in index order, so a slot index is taken only
+// after the item is claimed, and a builder holds at most one slot unpublished: the lower of the
+// two unpublished slots never waits on the other. The builder that runs out of items second
+// publishes the sentinel, after every tile of both (the first one's last slot was taken before it
+// finished). scripts/analysis/builders_model.py checks this protocol.
+__device__ __forceinline__ void shared_builder(Smem& sm, const Params& p, int id) {
+    const int lane = threadIdx.x & 31;
+    const int items = kGroups * p.tiles;
+    uint32_t* keys = id == 0 ? sm.keys : sm.scratch.keys;
+    auto claim = [&]() -> int {  // lane 0: the next item, counted against the gate until built
+        atomicAdd(&sm.ahead, kClaimWeight);
+        return static_cast<int>(gridDim.x) + atomicAdd(p.claim, 1);
+    };
+    auto take_slot = [&]() -> int {
+        int n = 0;
+        if (lane == 0) n = atomicAdd(&sm.next_slot, 1);
+        return __shfl_sync(0xffffffffu, n, 0);
+    };
+    // Lane 0: the claim gate, with the second builder's own conditions (kHelpBelow, kHelpUnion).
+    auto gate = [&]() {
+        auto helper_waits = [&]() {
+            return id == 1 && atomicAdd(&sm.finished, 0) == 0 &&
+                   (atomicAdd(&sm.built, 0) - atomicAdd(&sm.loaded, 0) >= kHelpBelow ||
+                    atomicAdd(&sm.last_u, 0) > kHelpUnion);
+        };
+        while (atomicAdd(&sm.ahead, 0) - atomicAdd(&sm.loaded, 0) >= kAheadBlocks || helper_waits())
+            __nanosleep(256);
+    };
+    int item = 0;
+    if (lane == 0 && id == 1) gate();  // last_u starts at kUnionMax: the first claim waits for a small union
+    if (lane == 0) item = id == 0 ? static_cast<int>(blockIdx.x) : claim();
+    if (lane == 0 && id == 0) atomicAdd(&sm.ahead, kClaimWeight);
+    item = __shfl_sync(0xffffffffu, item, 0);
+    for (;;) {
+        if (item >= items) {
+            int last = 0;
+            if (lane == 0) {
+                __threadfence_block();  // this builder's slot indices precede the count
+                last = atomicAdd(&sm.finished, 1) == 1;
+                __threadfence_block();
+            }
+            if (!__shfl_sync(0xffffffffu, last, 0)) return;
+            const int n = take_slot();
+            const int b = n % kSlots;
+            mbar_wait(&sm.slot_empty[b], ((n / kSlots) & 1) ^ 1);
+            if (lane == 0) {
+                sm.slot[b].item = 0;
+                sm.slot[b].u = -1;
+            }
+            __syncwarp();
+            mbar_arrive(&sm.slot_full[b]);
+            return;
+        }
+        const int n = take_slot();
+        const int b = n % kSlots;
+        mbar_wait(&sm.slot_empty[b], ((n / kSlots) & 1) ^ 1);
+        TileSlot& slot = sm.slot[b];
+        const int g = item / p.tiles, t0 = (item - g * p.tiles) * kQueriesPerCta;
+        const int u = build_union_warp(keys, p.topk, p.varlen, g, t0, p.entries + static_cast<int64_t>(item) * kUnionMax,
+                                       slot.wpos);
+        if (lane == 0) {
+            slot.item = item;
+            slot.u = u;
+        }
+        __syncwarp();
+        mbar_arrive(&sm.slot_full[b]);  // per lane: its entries and positions are written
+        int next = 0;
+        if (lane == 0) {
+            atomicAdd(&sm.ahead, u - kClaimWeight);
+            atomicAdd(&sm.built, u);
+            atomicExch(&sm.last_u, u);
+            gate();
+            next = claim();
+        }
+        item = __shfl_sync(0xffffffffu, next, 0);
+    }
+}
+
 // Where a consumer warp's epilogue writes O: the out map (boxes of 64 d x 16 heads x 1 query) and
 // the warp's staging buffer in the map's 128-byte-swizzled layout.
 struct OutPort {
@@ -600,8 +702,11 @@ __device__ __forceinline__ void q_loader(Smem& sm, const Params& p, const CUtens
     }
 }
 
-// Warp 0 of the producer warpgroup: per tile the warp copies the builder's union into shared
-// memory and lane 0 issues the TMA loads of K and V of every union block into the 2-stage rings.
+// Warp 0 of the producer warpgroup: per tile lane 0 issues the TMA loads of K and V of every
+// union block into the 2-stage rings. With one builder the warp first copies the union into
+// shared memory; with two (whose second builder sorts in that space) it walks the union together,
+// block j's entry from lane j % 32 by shuffles.
+template <int kBuilders>
 __device__ __forceinline__ void kv_loader(Smem& sm, const Params& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     const int lane = threadIdx.x & 31;
     int kb = 0, vb = 0;
@@ -623,29 +728,60 @@ __device__ __forceinline__ void kv_loader(Smem& sm, const Params& p, const CUten
         if (u < 0) break;
         const int g = item / p.tiles;
         const int4* entries = p.entries + static_cast<int64_t>(item) * kUnionMax;
-        int4 mine[kUnionMax / 32];
+        // Lane 0: K of block entry e (and V of the block before it).
+        auto load_k = [&](const StageInfo& e) {
+            const int sk = kb % kStagesK;
+            mbar_wait(&sm.k_empty[sk], ((kb / kStagesK) & 1) ^ 1);
+            sm.info[sk] = e;
+            mbar_arrive_expect_tx(&sm.k_full[sk], kTileBytes);
+            for (int half = 0; half < 2; ++half)
+                tma_load_2d(sm.k[sk] + half * kHalfBytes, kmap, &sm.k_full[sk], g * kHeadDim + 64 * half, e.y);
+            atomicExch(&sm.loaded, kb + 1);
+            // V trails K by one block: the consumers need V of block n only after K of n + 1.
+            if (v_pending) load_v();
+            v_pending = true;
+            v_col = g * kHeadDim;
+            v_row = e.y;
+        };
+        if constexpr (kBuilders == 1) {
+            int4 mine[kUnionMax / 32];
 #pragma unroll
-        for (int r = 0; r < kUnionMax / 32; ++r)
-            if (lane + 32 * r < u) mine[r] = entries[lane + 32 * r];
+            for (int r = 0; r < kUnionMax / 32; ++r)
+                if (lane + 32 * r < u) mine[r] = entries[lane + 32 * r];
 #pragma unroll
-        for (int r = 0; r < kUnionMax / 32; ++r)
-            if (lane + 32 * r < u) sm.list[lane + 32 * r] = mine[r];
-        __syncwarp();
-        if (lane == 0) {
+            for (int r = 0; r < kUnionMax / 32; ++r)
+                if (lane + 32 * r < u) sm.scratch.list[lane + 32 * r] = mine[r];
+            __syncwarp();
+            if (lane == 0) {
+                for (int j = 0; j < u; ++j, ++kb) {
+                    const int sk = kb % kStagesK;
+                    const StageInfo e = sm.scratch.list[j];
+                    mbar_wait(&sm.k_empty[sk], ((kb / kStagesK) & 1) ^ 1);
+                    sm.info[sk] = e;
+                    mbar_arrive_expect_tx(&sm.k_full[sk], kTileBytes);
+                    for (int half = 0; half < 2; ++half)
+                        tma_load_2d(sm.k[sk] + half * kHalfBytes, kmap, &sm.k_full[sk], g * kHeadDim + 64 * half, e.y);
+                    atomicExch(&sm.loaded, kb + 1);
+                    // V trails K by one block: the consumers need V of block n only after K of n + 1.
+                    if (v_pending) load_v();
+                    v_pending = true;
+                    v_col = g * kHeadDim;
+                    v_row = e.y;
+                }
+            }
+        } else {
+            int4 mine[kUnionMax / 32] = {};
+#pragma unroll
+            for (int r = 0; r < kUnionMax / 32; ++r)
+                if (lane + 32 * r < u) mine[r] = entries[lane + 32 * r];
             for (int j = 0; j < u; ++j, ++kb) {
-                const int sk = kb % kStagesK;
-                const StageInfo e = sm.list[j];
-                mbar_wait(&sm.k_empty[sk], ((kb / kStagesK) & 1) ^ 1);
-                sm.info[sk] = e;
-                mbar_arrive_expect_tx(&sm.k_full[sk], kTileBytes);
-                for (int half = 0; half < 2; ++half)
-                    tma_load_2d(sm.k[sk] + half * kHalfBytes, kmap, &sm.k_full[sk], g * kHeadDim + 64 * half, e.y);
-                atomicExch(&sm.loaded, kb + 1);
-                // V trails K by one block: the consumers need V of block n only after K of n + 1.
-                if (v_pending) load_v();
-                v_pending = true;
-                v_col = g * kHeadDim;
-                v_row = e.y;
+                const int r = j >> 5;
+                const int4 m = r == 0 ? mine[0] : r == 1 ? mine[1] : r == 2 ? mine[2] : mine[3];
+                const StageInfo e =
+                    make_int4(__shfl_sync(0xffffffffu, m.x, j & 31), __shfl_sync(0xffffffffu, m.y, j & 31),
+                              __shfl_sync(0xffffffffu, m.z, j & 31), __shfl_sync(0xffffffffu, m.w, j & 31));
+                if (lane == 0) load_k(e);
+                __syncwarp();
             }
         }
         __syncwarp();
@@ -654,6 +790,7 @@ __device__ __forceinline__ void kv_loader(Smem& sm, const Params& p, const CUten
 }
 #endif  // MSA_SM90A_ENABLED
 
+template <int kBuilders>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, const __grid_constant__ CUtensorMap omap, const Params p) {
@@ -670,6 +807,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_map(&vmap);
         tma_prefetch_map(&omap);
         sm.loaded = 0;
+        if constexpr (kBuilders == 2) {
+            sm.ahead = sm.built = sm.next_slot = sm.finished = 0;
+            sm.last_u = kUnionMax;  // nothing built yet: the second builder waits for a small union
+        }
         for (int b = 0; b < kSlots; ++b) {
             mbar_init(&sm.slot_full[b], 32);
             mbar_init(&sm.slot_empty[b], 64);  // the K/V and the Q loader's lanes
@@ -691,8 +832,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (warp < 4) {
         regs_dealloc<40>();
-        if (warp == 0) kv_loader(sm, p, &kmap, &vmap);
-        if (warp == 1) builder(sm, p);
+        if (warp == 0) kv_loader<kBuilders>(sm, p, &kmap, &vmap);
+        if constexpr (kBuilders == 1) {
+            if (warp == 1) builder(sm, p);
+        } else {
+            if (warp == 1 || warp == 3) shared_builder(sm, p, warp == 3);
+        }
         if (warp == 2) q_loader(sm, p, &qmap);
     } else {
         regs_alloc<232>();
@@ -744,9 +889,11 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
         MSA_TRY(sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box));
     }
     const int items = kGroups * p.tiles;
+    const dim3 grid(forward_grid(items, sms));
     // A plain launch: after the counter's memset there is no kernel to overlap.
-    return launch_smem(forward_kernel, dim3(forward_grid(items, sms)), dim3(kThreads), kSmemBytes, stream, qmap, kmap,
-                       vmap, omap, p);
+    if (vl.total_rows <= kShortDocBlocks * vl.batch)
+        return launch_smem(forward_kernel<2>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap, omap, p);
+    return launch_smem(forward_kernel<1>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap, omap, p);
 }
 
 // The whole sm_90a forward of msa_attn_forward: the claim counter zeroed, then the kernel, which
