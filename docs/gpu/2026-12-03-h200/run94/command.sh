@@ -4,7 +4,8 @@
 # recent16 and random in two rounds in reverse order (3 calls per median), then the final check
 # of disp's build: suite1, suite2, the 33 edge layouts on the sm_90a set, racecheck/memcheck,
 # msa-torch (disp's wheel) with train_step.py on c151r7 and c434r2, the real-case sweep (27-36).
-# Built here: bash scripts/build-variants.sh base=- disp=docs/next/fwd-disp.patch; M2 of disp into
+# Built here: bash scripts/build-variants.sh base=- disp=docs/next/fwd-disp.patch (the first form, in the
+# history at 178cac1; deleted since); M2 of disp into
 # var/disp/m2; `cargo xtask wheel` in disp's worktree, its wheel in target/wheels.
 # Carried: .gpu-bundle (var.tar.xz with var/{base,disp}), target/wheels.
 R=$PWD; bash scripts/device/unpack-variants.sh; mkdir -p "$OUT/r"
