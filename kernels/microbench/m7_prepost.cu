@@ -11,40 +11,26 @@
 //   fused/gs2     delta/gs2 with the same zeroing
 //   cast          the accumulator (fp32) to dQ (bf16), 8 floats per thread
 // Each form is timed by events over 20 launches after 3 warm-ups (median of 5 such batches).
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <vector>
-
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                        \
-    do {                                                                                             \
-        cudaError_t e_ = (x);                                                                        \
-        if (e_ != cudaSuccess) {                                                                     \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                            \
-        }                                                                                            \
-    } while (0)
+#include "common.cuh"
+#include "common/intrinsics.cuh"
 
 namespace {
+
+using msa::bf16_hi;
+using msa::bf16_lo;
 
 constexpr int kT = 12288, kHeads = 64, kD = 128;
 constexpr long long kRows = 1LL * kT * kHeads;
 
-__device__ __forceinline__ float lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
 __device__ __forceinline__ float dot8(uint4 o, uint4 g) {
-    float a = lo(o.x) * lo(g.x);
-    a = fmaf(hi(o.x), hi(g.x), a);
-    a = fmaf(lo(o.y), lo(g.y), a);
-    a = fmaf(hi(o.y), hi(g.y), a);
-    a = fmaf(lo(o.z), lo(g.z), a);
-    a = fmaf(hi(o.z), hi(g.z), a);
-    a = fmaf(lo(o.w), lo(g.w), a);
-    return fmaf(hi(o.w), hi(g.w), a);
+    float a = bf16_lo(o.x) * bf16_lo(g.x);
+    a = fmaf(bf16_hi(o.x), bf16_hi(g.x), a);
+    a = fmaf(bf16_lo(o.y), bf16_lo(g.y), a);
+    a = fmaf(bf16_hi(o.y), bf16_hi(g.y), a);
+    a = fmaf(bf16_lo(o.z), bf16_lo(g.z), a);
+    a = fmaf(bf16_hi(o.z), bf16_hi(g.z), a);
+    a = fmaf(bf16_lo(o.w), bf16_lo(g.w), a);
+    return fmaf(bf16_hi(o.w), bf16_hi(g.w), a);
 }
 
 __device__ __forceinline__ float half_warp_sum(float a) {
@@ -138,17 +124,6 @@ __global__ void __launch_bounds__(256) cast(const float4* __restrict__ acc, uint
     }
 }
 
-__global__ void fill(uint16_t* x, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-        uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        const __nv_bfloat16 b = __float2bfloat16_rn(((h >> 8) * (1.f / 16777216.f)) - 0.5f);
-        x[i] = *reinterpret_cast<const uint16_t*>(&b);
-    }
-}
-
 template <class F>
 float time_us(F&& launch) {
     cudaEvent_t a, b;
@@ -166,8 +141,7 @@ float time_us(F&& launch) {
         med.push_back(ms * 1000.f / 20.f);
     }
     CK(cudaGetLastError());
-    std::sort(med.begin(), med.end());
-    return med[2];
+    return median(med);
 }
 
 }  // namespace
@@ -183,8 +157,8 @@ int main() {
     CK(cudaMalloc(&dq, elems * 2));
     CK(cudaMalloc(&acc, elems * 4));
     CK(cudaMalloc(&delta, kRows * 4));
-    fill<<<1024, 256>>>(o, elems, 1u);
-    fill<<<1024, 256>>>(g, elems, 2u);
+    fill_random(o, elems, 1u, 0.5f);
+    fill_random(g, elems, 2u, 0.5f);
     CK(cudaDeviceSynchronize());
     float4* acc4 = reinterpret_cast<float4*>(acc);
     const double in_bytes = 2.0 * elems * 2, acc_bytes = elems * 4.0;

@@ -752,6 +752,8 @@ __device__ __forceinline__ void kv_loader(Smem& sm, const Params& p, const CUten
             for (int r = 0; r < kUnionMax / 32; ++r)
                 if (lane + 32 * r < u) sm.scratch.list[lane + 32 * r] = mine[r];
             __syncwarp();
+            // load_k's body spelled out: through the lambda ptxas spills 4 bytes here and this
+            // kernel stops being main's SASS (the rows it runs would change speed).
             if (lane == 0) {
                 for (int j = 0; j < u; ++j, ++kb) {
                     const int sk = kb % kStagesK;
