@@ -7,7 +7,9 @@
 // kernel, the dK/dV finisher and the dQ cast (delta excluded, as for v1).
 //
 //   m5_backward_sm90 [iters]
+// M5_DQ_COMPRESSIBLE=1: the fp32 dQ accumulator in compressible memory (microbench/vmm.cuh, M8).
 #include "microbench/common.cuh"
+#include "microbench/vmm.cuh"
 #include "msa/attention.h"
 #include "attention/backward_items.cuh"
 #include "attention/backward_sm90.cuh"
@@ -136,6 +138,9 @@ int main(int argc, char** argv) {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     bool all_ok = true;
+    const char* comp_env = std::getenv("M5_DQ_COMPRESSIBLE");
+    const bool comp = comp_env != nullptr && comp_env[0] == '1';
+    std::printf("M5 dQ accumulator: %s\n", comp ? "compressible (vmm)" : "cudaMalloc");
     std::printf("%-20s %7s %9s %9s %9s %9s %9s %10s %10s %10s\n", "case", "items", "v1det_ms", "sm90_ms", "main_ms",
                 "v1det_TF", "sm90_TF", "dq_relL2", "dk_relL2", "dv_relL2");
     for (const Case& c : standard_cases()) {
@@ -147,7 +152,14 @@ int main(int argc, char** argv) {
         for (uint16_t** b : {&k, &v, &dk_ref, &dv_ref, &dk, &dv}) CK(cudaMalloc(b, nk * 2));
         CK(cudaMalloc(&lse, size_t(h.T) * 64 * 4));
         CK(cudaMalloc(&delta, size_t(h.T) * 64 * 4));
-        CK(cudaMalloc(&dq_acc, nq * 4));
+        vmm::Buffer dq_vmm;
+        if (comp) {
+            dq_vmm = vmm::alloc(nq * 4, true);
+            if (!dq_vmm.compressed) std::printf("  compression not granted\n");
+            dq_acc = static_cast<float*>(dq_vmm.ptr);
+        } else {
+            CK(cudaMalloc(&dq_acc, nq * 4));
+        }
         fill_random(q, nq, 11, 1.7f);
         fill_random(k, nk, 12, 1.7f);
         fill_random(v, nk, 13, 1.7f);
@@ -282,9 +294,13 @@ int main(int argc, char** argv) {
                     c.name.c_str(), items_h.size(), t_v1, t_sm90, t_main, useful / t_v1 / 1e9, useful / t_sm90 / 1e9,
                     cq.rel_l2, ck.rel_l2, cv.rel_l2, ok ? "ok" : "MISMATCH", cq.cosine, ck.cosine, cv.cosine);
         for (void* b : std::initializer_list<void*>{q, k, v, dout, out, dq_ref, dk_ref, dv_ref, dq, dk, dv, lse, delta,
-                                                    dq_acc, dkv_acc, split_slot, split_part, counts, topk, row_ptr, qidx, valid, items,
+                                                    dkv_acc, split_slot, split_part, counts, topk, row_ptr, qidx, valid, items,
                                                     rows, by_band, rank})
             CK(cudaFree(b));
+        if (comp)
+            vmm::release(dq_vmm);
+        else
+            CK(cudaFree(dq_acc));
     }
     std::printf("M5 correctness: %s\n", all_ok ? "PASS" : "FAIL");
     return all_ok ? 0 : 1;
