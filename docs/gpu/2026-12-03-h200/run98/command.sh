@@ -2,12 +2,13 @@
 # Run 98 (session 20): the forward's epilogue made shorter (run 97: on 434/r0 the per-tile code,
 # 365 instructions a warp, takes 22% of the consumers' samples). epi (docs/next/fwd-epi.patch):
 # O into the staging buffer by 8 stmatrix x4 per warp instead of 32 4-byte stores and their
-# swizzled addresses, 1/l by MUFU (__fdividef: no division slow path); epilog: epi and LSE's log
-# by MUFU (__logf, docs/next/fwd-epi-log.patch); epig: epi and the builders hand each tile's group
+# swizzled addresses, 1/l by MUFU (__fdividef: no division slow path); log: LSE's log by MUFU
+# (__logf, docs/next/fwd-epi-log.patch); epig: epi and the builders hand each tile's group
 # and first query over in its slot (no division per tile in the consumers, docs/next/fwd-epi-g.patch);
 # all: epi, g and log. M2 of epi, epig, all (every element against v1 on six layouts), the forward
 # (recent16, 32 rows) of base, epi, epig, all in two rounds in reverse order, then the 33 edge
-# layouts on the sm_90a set and racecheck/memcheck with all's gpu-suite (it holds every change).
+# layouts on the sm_90a set, racecheck/memcheck and suite2 with all's gpu-suite (it holds every
+# change). RUN98_SKIP_FINAL=1 stops after the bench (as run 98 ran); RUN98_FINAL_LIMIT bounds the rest.
 # Built here: bash scripts/build-variants.sh base=- epi=docs/next/fwd-epi.patch \
 #   epig=docs/next/fwd-epi.patch+docs/next/fwd-epi-g.patch \
 #   all=docs/next/fwd-epi.patch+docs/next/fwd-epi-g.patch+docs/next/fwd-epi-log.patch; M2 of each into var/NAME/m2.
