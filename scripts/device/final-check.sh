@@ -14,7 +14,7 @@
 # (forward, v1's forward beside it, both backward modes, 3 iterations; FINAL_PATTERN_STAGES
 # replaces the list, FINAL_PATTERN_LIMIT the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs
 # no correctness job; FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
-# and msa (variants-bench.sh's layout; the torch job always tests target/wheels), FINAL_BENCH=.gpu-bundle/var/NAME
+# and msa (variants-bench.sh's layout; the torch job tests target/wheels against that msa), FINAL_BENCH=.gpu-bundle/var/NAME
 # times that variant's msa (the peers stay main's bundle's). FINAL_FLEX_EXACT=N
 # adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
 # with its ratio to msa bench's time and their weighted aggregates (scripts/bench_peers.py).
@@ -71,7 +71,7 @@ for n in $jobs; do case "$n" in
         done ;;
   sanitize) job sanitize bash -c "compute-sanitizer --tool racecheck --error-exitcode 7 ./gpu-suite attention::sanitizer_small --exact 2>&1 | tail -3; compute-sanitizer --tool memcheck --error-exitcode 7 ./gpu-suite attention::sanitizer_small --exact 2>&1 | tail -3" ;;
   cp) job cp bash "$R/scripts/gpu-cp.sh" ./msa "$F/cp/out" ;;
-  torch) job torch bash -c "cd $R && MSA_TORCH_SITE=/tmp/site-t MSA_TORCH_PROFILE=0 bash crates/msa-torch/tests/run_gpu.sh -k 'not overhead'; for r in c151r7 c434r2; do PYTHONPATH=/tmp/site-t python3 crates/msa-torch/examples/train_step.py --rank \$r; echo \"train_step \$r rc=\$?\"; done" ;;
+  torch) job torch bash -c "cd $R && MSA_BUNDLE=$suite MSA_TORCH_SITE=/tmp/site-t MSA_TORCH_PROFILE=0 bash crates/msa-torch/tests/run_gpu.sh -k 'not overhead'; for r in c151r7 c434r2; do PYTHONPATH=/tmp/site-t python3 crates/msa-torch/examples/train_step.py --rank \$r; echo \"train_step \$r rc=\$?\"; done" ;;
   real) for s in "$ra..$r1" "$r1..$r2" "$r2..$rb"; do
           job "real${s%..*}" env MSA_REAL_FULL=0 MSA_REAL_CASES="$s" ./gpu-suite real_cases --test-threads=1 --nocapture
         done ;;
