@@ -481,18 +481,30 @@ __device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[
     const int h0 = g * kHeadsPerGroup + (lane >> 2);
     if (lane == 0) bulk_wait_read_all();  // this warp's previous store has read the buffer
     __syncwarp();
+    // 1 / l by the MUFU unit: l >= 1 wherever a key is visible (its maximum contributes 2^0), so
+    // the IEEE division's slow path only cost a branch per row.
+    float inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int h = h0 + 8 * r, row = (lane >> 2) + 8 * r;
-        const bool any = l[r] > 0.f;
-        const float inv = any ? 1.f / l[r] : 0.f;
-        // Columns 8i + c, c + 1: 16-byte chunk i of the row, XORed with row % 8 inside its half.
+    for (int r = 0; r < 2; ++r) inv[r] = l[r] > 0.f ? __fdividef(1.f, l[r]) : 0.f;
+    // Columns 8i .. 8i + 7 of rows 8r .. 8r + 7 are the 8x8 matrix (i, r) of the accumulator
+    // layout; stmatrix x4 j stores (2j, 0), (2j, 1), (2j + 1, 0), (2j + 1, 1). Lane l addresses row
+    // l % 8 of matrix l / 8: staging row 8r + l % 8, its 16-byte chunk i XORed with the row % 8
+    // inside i's 64-column half (the out map's 128-byte swizzle).
+    const int mr = lane & 7, mm = lane >> 3;
+    const uint32_t row_addr = smem_u32(op.stage) + (8 * (mm & 1) + mr) * 128;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            *reinterpret_cast<uint32_t*>(op.stage + (i >> 3) * (kOutStageBytes / 2) + row * 128 +
-                                         (((i & 7) ^ (row & 7)) << 4) + c * 2) =
-                pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-        if (c == 0) p.lse[static_cast<int64_t>(t) * kHeads + h] = any ? m[r] * kScale + logf(l[r]) : -INFINITY;
+    for (int j = 0; j < 8; ++j) {
+        const int i = 2 * j + (mm >> 1);
+        const uint32_t addr = row_addr + (i >> 3) * (kOutStageBytes / 2) + (((i & 7) ^ mr) << 4);
+        stmatrix_x4(addr, pack_bf16(o[8 * j] * inv[0], o[8 * j + 1] * inv[0]),
+                    pack_bf16(o[8 * j + 2] * inv[1], o[8 * j + 3] * inv[1]),
+                    pack_bf16(o[8 * j + 4] * inv[0], o[8 * j + 5] * inv[0]),
+                    pack_bf16(o[8 * j + 6] * inv[1], o[8 * j + 7] * inv[1]));
+    }
+    if (c == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            p.lse[static_cast<int64_t>(t) * kHeads + h0 + 8 * r] = l[r] > 0.f ? m[r] * kScale + logf(l[r]) : -INFINITY;
     }
     fence_proxy_async_smem();
     __syncwarp();
