@@ -83,6 +83,7 @@ constexpr int kHelpBelow = 2;
 constexpr int kHelpUnion = 3;
 struct TileSlot {
     int item, u;
+    int g, t0;  // the item's group and first query, from the builder (no division per tile in the consumers)
     int wpos[kQueriesPerCta];
 };
 
@@ -361,6 +362,8 @@ __device__ __forceinline__ void builder(Smem& sm, const Params& p) {
         if (lane == 0) {
             slot.item = item;
             slot.u = u;
+            slot.g = g;
+            slot.t0 = t0;
         }
         __syncwarp();
         mbar_arrive(&sm.slot_full[b]);  // per lane: its entries and positions are written
@@ -440,6 +443,8 @@ __device__ __forceinline__ void shared_builder(Smem& sm, const Params& p, int id
         if (lane == 0) {
             slot.item = item;
             slot.u = u;
+            slot.g = g;
+            slot.t0 = t0;
         }
         __syncwarp();
         mbar_arrive(&sm.slot_full[b]);  // per lane: its entries and positions are written
@@ -596,8 +601,8 @@ __device__ __forceinline__ void consumer_stream(Smem& sm, const Params& p, int w
             const TileSlot& ts = sm.tile[qb];
             const int su = ts.u;
             if (su < 0) return false;
-            q.g = ts.item / p.tiles;
-            q.t = (ts.item - q.g * p.tiles) * kQueriesPerCta + token;
+            q.g = ts.g;
+            q.t = ts.t0 + token;
             q.wpos = ts.wpos[token];
             ++tile_it;
             if (su > 0) {
