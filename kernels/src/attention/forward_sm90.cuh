@@ -509,7 +509,7 @@ __device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[
     if (c == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            p.lse[static_cast<int64_t>(t) * kHeads + h0 + 8 * r] = l[r] > 0.f ? m[r] * kScale + logf(l[r]) : -INFINITY;
+            p.lse[static_cast<int64_t>(t) * kHeads + h0 + 8 * r] = l[r] > 0.f ? m[r] * kScale + __logf(l[r]) : -INFINITY;
     }
     fence_proxy_async_smem();
     __syncwarp();
