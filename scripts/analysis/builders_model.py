@@ -11,7 +11,7 @@ blocks plus kClaimWeight per claimed item not yet built.
 import random
 import sys
 
-K_SLOTS, K_AHEAD, K_WEIGHT, BUILDERS = 4, 8, 4, 2
+K_SLOTS, K_AHEAD, K_WEIGHT, BUILDERS = 4, 4, 2, 2  # forward_sm90.cuh: kSlots, kAheadShort, kClaimWeight
 
 
 def run(seed):

@@ -73,12 +73,16 @@ constexpr int kAheadBlocks = 8;
 // loader waited for it) and a second gives +10% (434/r0, mean 2.4 blocks; runs 85-91). Elsewhere
 // it costs 1-6% (runs 87, 88, 91: the next row has 5.9), so one builder runs there.
 constexpr int kShortDocBlocks = 4;
-// With two builders, an item claimed and not yet built counts kClaimWeight blocks against
-// kAheadBlocks, so a CTA does not hold two extra long tiles at the end (run 67's imbalance); the
-// second builder claims only while the first falls behind on tiles of few blocks: while the first
-// is not done, it waits while kHelpBelow or more built blocks wait for the loader or while the
-// last union built had more than kHelpUnion blocks (its first claim too).
-constexpr int kClaimWeight = kAheadBlocks / 2;
+// Two builders gate their claims at kAheadShort blocks: tiles there last ~4 us, so every tile a
+// CTA holds when the counter runs out lengthens the tail; 4 measured best on 434/r0 (+0.4-0.7%
+// over 8 in runs 101-102; 2: -1.2%, 3: -0.4%, 6: +0.2%, 12: -0.4%). An item claimed and not yet
+// built counts kClaimWeight blocks against it, so a CTA does not hold two extra long tiles at the
+// end (run 67's imbalance); the second builder claims only while the first falls behind on tiles
+// of few blocks: while the first is not done, it waits while kHelpBelow or more built blocks wait
+// for the loader or while the last union built had more than kHelpUnion blocks (its first claim
+// too).
+constexpr int kAheadShort = 4;
+constexpr int kClaimWeight = kAheadShort / 2;
 constexpr int kHelpBelow = 2;
 constexpr int kHelpUnion = 3;
 struct TileSlot {
@@ -405,7 +409,7 @@ __device__ __forceinline__ void shared_builder(Smem& sm, const Params& p, int id
                    (atomicAdd(&sm.built, 0) - atomicAdd(&sm.loaded, 0) >= kHelpBelow ||
                     atomicAdd(&sm.last_u, 0) > kHelpUnion);
         };
-        while (atomicAdd(&sm.ahead, 0) - atomicAdd(&sm.loaded, 0) >= kAheadBlocks || helper_waits())
+        while (atomicAdd(&sm.ahead, 0) - atomicAdd(&sm.loaded, 0) >= kAheadShort || helper_waits())
             __nanosleep(256);
     };
     int item = 0;
