@@ -4,7 +4,8 @@ deadlock, lost or repeated items and a sentinel ahead of a tile: two builders cl
 shared counter (other CTAs' claims interleaved), take slot indices from a shared counter, wait
 for their slot's previous tile to be taken, publish; the loaders take slots in index order and
 stop at the sentinel; consumers free the K stages in order (loaded). The claim gate counts built
-blocks plus kClaimWeight per claimed item not yet built.
+blocks plus kClaimWeight per claimed item not yet built (returned by a claim that finds no item);
+it is checked at kAheadShort and at every tighter setting.
 
     python3 scripts/analysis/builders_model.py [runs]
 """
@@ -12,10 +13,12 @@ import random
 import sys
 
 K_SLOTS, K_AHEAD, K_WEIGHT, BUILDERS = 4, 4, 2, 2  # forward_sm90.cuh: kSlots, kAheadShort, kClaimWeight
+GATES = (1, 2, 3, K_AHEAD)  # the gate at kAheadShort and below: no setting may deadlock
 
 
 def run(seed):
     rng = random.Random(seed)
+    gate = GATES[seed % len(GATES)]
     grid = rng.randint(1, 6)  # CTAs; this model runs CTA 0, the others only claim
     items = rng.randint(grid, 60)  # the launch has min(items, SMs) CTAs
     sizes = [rng.choice([0, 1, 1, 2, 3, 4, 30, 100]) for _ in range(items)]
@@ -40,6 +43,7 @@ def run(seed):
             s["ahead"] += K_WEIGHT
         while True:
             if item >= items:
+                s["ahead"] -= K_WEIGHT  # the claim that found no item
                 s["finished"] += 1
                 if s["finished"] != BUILDERS:
                     return
@@ -54,7 +58,7 @@ def run(seed):
             yield  # the build takes time
             published[n] = item
             s["ahead"] += sizes[item] - K_WEIGHT
-            while s["ahead"] - s["loaded"] >= K_AHEAD:
+            while s["ahead"] - s["loaded"] >= gate:
                 yield
             item = claim()
 

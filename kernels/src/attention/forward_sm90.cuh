@@ -421,6 +421,8 @@ __device__ __forceinline__ void shared_builder(Smem& sm, const Params& p, int id
         if (item >= items) {
             int last = 0;
             if (lane == 0) {
+                atomicAdd(&sm.ahead, -kClaimWeight);  // the claim found no item (else the other builder's
+                                                      // gate would count it forever: a deadlock below 3 blocks)
                 __threadfence_block();  // this builder's slot indices precede the count
                 last = atomicAdd(&sm.finished, 1) == 1;
                 __threadfence_block();
