@@ -488,7 +488,6 @@ __device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     if (!valid) return;
-    const int c = 2 * (lane & 3);
     const int h0 = g * kHeadsPerGroup + (lane >> 2);
     if (lane == 0) bulk_wait_read_all();  // this warp's previous store has read the buffer
     __syncwarp();
@@ -512,7 +511,7 @@ __device__ __forceinline__ void epilogue(const float (&o)[64], const float (&m)[
                     pack_bf16(o[8 * j + 4] * inv[0], o[8 * j + 5] * inv[0]),
                     pack_bf16(o[8 * j + 6] * inv[1], o[8 * j + 7] * inv[1]));
     }
-    if (c == 0) {
+    if ((lane & 3) == 0) {  // one thread of each row quad
 #pragma unroll
         for (int r = 0; r < 2; ++r)
             p.lse[static_cast<int64_t>(t) * kHeads + h0 + 8 * r] = l[r] > 0.f ? m[r] * kScale + __logf(l[r]) : -INFINITY;

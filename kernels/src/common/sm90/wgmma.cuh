@@ -49,7 +49,6 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t d, uint32_t bytes) {
     return r;
 }
 
-// Orders register and shared-memory accesses before the warpgroup's next wgmma.
 // Four 8x8 bf16 matrices from accumulator fragments into shared memory (stmatrix x4): register
 // m of each thread holds its two columns of its row of matrix m (the m16n8 fragment layout), and
 // lane l gives the shared address of row l % 8 of matrix l / 8 (16 contiguous bytes).
@@ -59,6 +58,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t m0, uint32_t
                  : "memory");
 }
 
+// Orders register and shared-memory accesses before the warpgroup's next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Waits until at most N committed wgmma groups of this warpgroup are pending.
