@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds compared on one development row in one device call: each variant's `msa` (under
+# .gpu-bundle/var/, packed by scripts/build-variants.sh) times ROW_CASES, ROW_ROUNDS rounds, the
+# order reversed every other round; a build whose call passes ROW_LIMIT seconds (a hang) is
+# listed as dead and not timed again. Then the mean of the rounds per stage line and its ratio to
+# the first build.
+#   ROW_NAMES="base A B" ROW_CASES=434:0 bash scripts/device/row-ab.sh
+# (ROW_PATTERN recent16,random and ROW_STAGES forward by default, ROW_ITERS 30, ROW_ROUNDS 4,
+# ROW_LIMIT 25.) Logs and JSON in $OUT/g/; the dead builds in $OUT/g/dead.
+set -uo pipefail
+bash scripts/device/unpack-variants.sh || exit 1
+G="$OUT/g"; mkdir -p "$G"
+names="${ROW_NAMES:-base A B}"; rev="$(echo $names | tr ' ' '\n' | tac | tr '\n' ' ')"; dead=""
+for round in $(seq 1 "${ROW_ROUNDS:-4}"); do
+  order=$names; [ $((round % 2)) = 0 ] && order=$rev
+  for v in $order; do
+    case " $dead " in *" $v "*) continue;; esac
+    (cd ".gpu-bundle/var/$v" && timeout "${ROW_LIMIT:-25}" ./msa bench --cases "${ROW_CASES:-434:0}" \
+       --pattern "${ROW_PATTERN:-recent16,random}" --stages "${ROW_STAGES:-forward}" --warmup 2 \
+       --iters "${ROW_ITERS:-30}" --json "$G/$v-$round.jsonl" > "$G/$v-$round.log" 2>&1) \
+      || { echo "$v $round failed or hung"; dead="$dead $v"; }
+    printf "%s r%s %s\n" "$v" "$round" "$(grep -E '^  [a-z_0-9]+ +[0-9.]+ ' "$G/$v-$round.log" | awk '{print $1, $5}' | tr '\n' ' ')"
+  done
+done
+echo "$dead" > "$G/dead"
+python3 - "$G" $names <<'PY'
+import re, statistics, sys
+g, names = sys.argv[1], sys.argv[2:]
+means = {}
+for v in names:
+    rows = {}
+    for r in range(1, 100):
+        try:
+            lines = open(f"{g}/{v}-{r}.log").read().splitlines()
+        except FileNotFoundError:
+            break
+        timed = [x for x in lines if re.match(r"^  [a-z_0-9]+ +[0-9.]+ ", x) and len(x.split()) == 5]
+        for i, l in enumerate(timed):
+            rows.setdefault(i, []).append(float(l.split()[4]))
+    means[v] = [statistics.mean(x) for _, x in sorted(rows.items())]
+base = means[names[0]]
+for v in names:
+    m = means[v]
+    ratio = " ".join(f"{a / b:.3f}" for a, b in zip(m, base)) if m and base else "-"
+    print(f"{v:>8} mean TFLOP/s {' '.join(f'{x:.1f}' for x in m) or '-'}  x {names[0]} {ratio}")
+PY
