@@ -6,7 +6,10 @@
 # the first build.
 #   ROW_NAMES="base A B" ROW_CASES=434:0 bash scripts/device/row-ab.sh
 # (ROW_PATTERN recent16,random and ROW_STAGES forward by default, ROW_ITERS 30, ROW_ROUNDS 4,
-# ROW_LIMIT 25.) Logs and JSON in $OUT/g/; the dead builds in $OUT/g/dead.
+# ROW_LIMIT 25.) Logs and JSON in $OUT/g/; the dead builds in $OUT/g/dead. With ROW_PICK="A B",
+# $OUT/g/pick names the one of those (alive) with the highest mean on the first stage line, if it
+# reaches ROW_MIN (default 1.003) times the first build's, and is empty otherwise: a command gates
+# its correctness jobs on it.
 set -uo pipefail
 bash scripts/device/unpack-variants.sh || exit 1
 G="$OUT/g"; mkdir -p "$G"
@@ -23,8 +26,8 @@ for round in $(seq 1 "${ROW_ROUNDS:-4}"); do
   done
 done
 echo "$dead" > "$G/dead"
-python3 - "$G" $names <<'PY'
-import re, statistics, sys
+ROW_PICK="${ROW_PICK:-}" ROW_MIN="${ROW_MIN:-1.003}" python3 - "$G" $names <<'PY'
+import os, re, statistics, sys
 g, names = sys.argv[1], sys.argv[2:]
 means = {}
 for v in names:
@@ -43,4 +46,11 @@ for v in names:
     m = means[v]
     ratio = " ".join(f"{a / b:.3f}" for a, b in zip(m, base)) if m and base else "-"
     print(f"{v:>8} mean TFLOP/s {' '.join(f'{x:.1f}' for x in m) or '-'}  x {names[0]} {ratio}")
+if os.environ["ROW_PICK"]:
+    dead = open(f"{g}/dead").read().split()
+    first = lambda v: means[v][0] if means.get(v) else 0.0
+    best = max((v for v in os.environ["ROW_PICK"].split() if v not in dead), key=first, default="")
+    ok = best and base and first(best) >= float(os.environ["ROW_MIN"]) * base[0]
+    open(f"{g}/pick", "w").write(best if ok else "")
+    print(f"pick: {best if ok else '(none)'}")
 PY
