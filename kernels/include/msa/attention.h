@@ -40,15 +40,16 @@ typedef struct MsaAttnFwdParams {
 } MsaAttnFwdParams;
 
 /* Workspace bytes of msa_attn_forward for T = varlen.total_q (host arithmetic, no CUDA call): the
- * sm_90a path's claim counter (256 bytes) and its tiles' unions (entries [4, ceil(T / 8), 128]
- * int4, written by the kernel); the sm_80 path ignores it. */
+ * sm_90a path's claim counter (256 bytes), its tiles' unions (entries [4, ceil(T / 8), 128] int4,
+ * written by the kernel) and its claim order ([4 * ceil(T / 8)] int); the sm_80 path ignores it. */
 int msa_attn_forward_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 
 /* out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.
  * Empty selection: out = 0, lse = -inf. Deterministic. Tiles of 8 consecutive packed queries
- * of one group. sm_90a: a memset of the claim counter, then one persistent CTA per SM (384
- * threads, 227 KB dynamic smem) that builds each tile's union itself and claims tiles in natural
- * order (attention/forward_sm90.cuh). sm_80: grid (ceil(T / 8), 4),
+ * of one group. sm_90a: a memset of the claim counter (where fragments are short, a one-CTA
+ * kernel that also writes the claim order), then one persistent CTA per SM (384 threads, 227 KB
+ * dynamic smem) that builds each tile's union itself and claims tiles in natural order, the short
+ * layouts' first-block tiles last (attention/forward_sm90.cuh). sm_80: grid (ceil(T / 8), 4),
  * 256 threads, ~131 KB dynamic smem. cudaErrorInvalidValue if the workspace is too small. */
 int msa_attn_forward(const MsaAttnFwdParams* params, void* stream);
 

@@ -85,6 +85,14 @@ constexpr int kAheadShort = 4;
 constexpr int kClaimWeight = kAheadShort / 2;
 constexpr int kHelpBelow = 2;
 constexpr int kHelpUnion = 3;
+// Two builders claim items in an order order_kernel writes in the counter memset's place: natural
+// order, except that up to kDeferWaves x gridDim.x first-block tiles (all 8 queries in their
+// document's first block: a union of one block) among the first kOrderThreads claims go last, so
+// the CTAs' last claims are small and they end closer together (run 110: the SMs' active-cycle
+// spread 16.4 / 11.8 kcycles against 18.1 / 20.6). Classifying tiles in the claim path instead
+// cost more than the end gained (runs 108-112); here a claim is the counter's add and one load.
+constexpr int kDeferWaves = 2;
+constexpr int kOrderThreads = 1024;  // order_kernel's one CTA: one claim of the window per thread
 struct TileSlot {
     int item, u;
     int g, t0;  // the item's group and first query, from the builder (no division per tile in the consumers)
@@ -125,10 +133,16 @@ struct Params {
     uint16_t* out;
     float* lse;
     int tiles;
+    const int* order;  // [items - gridDim.x]: the item claim j takes (order_kernel; two builders only)
 };
 
 #if MSA_SM90A_ENABLED
 using namespace msa::sm90;
+
+// Programmatic dependent launch: this grid's dependents may start now / this thread waits until
+// the grids this one depends on have completed and their writes are visible (a no-op otherwise).
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // 2^x by the MUFU unit, denormal results flushed (exp2f adds range fix-ups around it).
 __device__ __forceinline__ float ex2(float x) {
@@ -392,10 +406,15 @@ __device__ __forceinline__ void builder(Smem& sm, const Params& p) {
 __device__ __forceinline__ void shared_builder(Smem& sm, const Params& p, int id) {
     const int lane = threadIdx.x & 31;
     const int items = kGroups * p.tiles;
+    const int claims = items - static_cast<int>(gridDim.x);
     uint32_t* keys = id == 0 ? sm.keys : sm.scratch.keys;
+    bool ordered = false;  // lane 0: order_kernel has completed
     auto claim = [&]() -> int {  // lane 0: the next item, counted against the gate until built
+        if (!ordered) griddep_wait();
+        ordered = true;
         atomicAdd(&sm.ahead, kClaimWeight);
-        return static_cast<int>(gridDim.x) + atomicAdd(p.claim, 1);
+        const int j = atomicAdd(p.claim, 1);
+        return j < claims ? __ldcg(p.order + j) : items;
     };
     auto take_slot = [&]() -> int {
         int n = 0;
@@ -812,7 +831,47 @@ __device__ __forceinline__ void kv_loader(Smem& sm, const Params& p, const CUten
     }
     if (lane == 0 && v_pending) load_v();
 }
+
+// Whether item's 8 queries all sit in their document's first block (its union is that block).
+__device__ __forceinline__ bool first_block_tile(const Params& p, int item) {
+    const int g = item / p.tiles, t7 = (item - g * p.tiles) * kQueriesPerCta + kQueriesPerCta - 1;
+    if (t7 >= p.varlen.total_q) return false;
+    const int b = p.varlen.query_fragment[t7];
+    if (b != p.varlen.query_fragment[t7 - (kQueriesPerCta - 1)]) return false;
+    const FragmentCoord f = fragment_coord(p.varlen, b);
+    return f.position(t7 - f.q_start) < kBlock;
+}
 #endif  // MSA_SM90A_ENABLED
+
+// The two-builder kernel's claim order (one CTA of kOrderThreads, in the counter memset's place;
+// the forward is its programmatic dependent and waits for it only before its first counter claim):
+// zeroes the counter and writes p.order for claims j < items - grid. Window claims (j <
+// kOrderThreads) keep natural order but for the first kDeferWaves x grid first-block tiles, which
+// take the last positions in natural order; claims past the window move up by their number.
+// scripts/analysis/order_model.py checks that this is a permutation.
+__global__ void __launch_bounds__(kOrderThreads) order_kernel(const Params p, int grid) {
+#if MSA_SM90A_ENABLED
+    griddep_launch_dependents();
+    __shared__ int warp_count[kOrderThreads / 32];
+    const int n = kGroups * p.tiles - grid;
+    const int j = static_cast<int>(threadIdx.x), lane = j & 31, warp = j >> 5;
+    if (j == 0) *p.claim = 0;
+    const bool cheap = j < n && first_block_tile(p, grid + j);
+    const uint32_t ballot = __ballot_sync(0xffffffffu, cheap);
+    if (lane == 0) warp_count[warp] = __popc(ballot);
+    __syncthreads();
+    int before = __popc(ballot & ((1u << lane) - 1u)), total = 0;  // cheap claims before j, in all
+    for (int w = 0; w < kOrderThreads / 32; ++w) {
+        const int c = warp_count[w];
+        before += w < warp ? c : 0;
+        total += c;
+    }
+    const int d = min(total, kDeferWaves * grid);
+    int* order = const_cast<int*>(p.order);
+    if (j < n) order[cheap && before < d ? n - d + before : j - min(before, d)] = grid + j;
+    for (int i = kOrderThreads + j; i < n; i += kOrderThreads) order[i - d] = grid + i;
+#endif
+}
 
 template <int kBuilders>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -872,10 +931,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The forward's scratch (msa_attn_forward_workspace_bytes): the claim counter, then each item's
-// union [4, tiles, 128] int4 (written by its builder, read back by its loader through L2).
+// The forward's scratch (msa_attn_forward_workspace_bytes): the claim counter, each item's union
+// [4, tiles, 128] int4 (written by its builder, read back by its loader through L2), then the
+// two-builder kernel's claim order [4 * tiles] int.
 struct Workspace {
-    size_t claim, entries, bytes;
+    size_t claim, entries, order, bytes;
 };
 
 inline Workspace workspace_layout(int total_q) {
@@ -883,14 +943,20 @@ inline Workspace workspace_layout(int total_q) {
     Workspace w;
     w.claim = 0;
     w.entries = 256;
-    w.bytes = w.entries + kGroups * tiles * kUnionMax * sizeof(int4);
+    w.order = w.entries + kGroups * tiles * kUnionMax * sizeof(int4);
+    w.bytes = w.order + kGroups * tiles * sizeof(int);
     return w;
 }
 
 // Persistent CTAs of the forward for `items` items on `sms` SMs.
 inline int forward_grid(int items, int sms) { return items < sms ? items : sms; }
 
-// Encodes the maps and launches forward_grid persistent CTAs (p.claim must be zero).
+// Whether the layout runs the two-builder kernel (fragments of at most kShortDocBlocks KV blocks
+// on average).
+inline bool two_builders(const MsaVarlen& vl) { return vl.total_rows <= kShortDocBlocks * vl.batch; }
+
+// Encodes the maps and launches forward_grid persistent CTAs (p.claim zero; with two builders, as
+// the programmatic dependent of order_kernel).
 inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int sms,
                                   cudaStream_t stream) {
     const MsaVarlen& vl = p.varlen;
@@ -914,13 +980,15 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
     }
     const int items = kGroups * p.tiles;
     const dim3 grid(forward_grid(items, sms));
+    if (two_builders(vl))
+        return launch_smem_dependent(forward_kernel<2>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap,
+                                     omap, p);
     // A plain launch: after the counter's memset there is no kernel to overlap.
-    if (vl.total_rows <= kShortDocBlocks * vl.batch)
-        return launch_smem(forward_kernel<2>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap, omap, p);
     return launch_smem(forward_kernel<1>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap, omap, p);
 }
 
-// The whole sm_90a forward of msa_attn_forward: the claim counter zeroed, then the kernel, which
+// The whole sm_90a forward of msa_attn_forward: the claim counter zeroed (with two builders by
+// order_kernel, which also writes the claim order), then the kernel, which
 // builds every tile's union itself (no union or order kernels before it: they were 14% of a
 // short-document rank's forward, docs/perf/attention-forward-sm90.md).
 inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
@@ -936,9 +1004,13 @@ inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     p.out = a.out;
     p.lse = a.lse;
     p.tiles = (vl.total_q + kQueriesPerCta - 1) / kQueriesPerCta;
+    p.order = reinterpret_cast<const int*>(base + w.order);
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
-    MSA_TRY(cudaMemsetAsync(p.claim, 0, sizeof(int), stream));
+    if (vl.total_q > 0 && two_builders(vl))
+        MSA_TRY(launch(order_kernel, dim3(1), dim3(kOrderThreads), stream, p, forward_grid(kGroups * p.tiles, sms)));
+    else
+        MSA_TRY(cudaMemsetAsync(p.claim, 0, sizeof(int), stream));
     return launch_forward(a.q, a.k, a.v, p, sms, stream);
 }
 

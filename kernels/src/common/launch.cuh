@@ -45,6 +45,28 @@ cudaError_t launch_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
     return cudaGetLastError();
 }
 
+// launch_smem as a programmatic dependent launch (cudaLaunchAttributeProgrammaticStreamSerialization):
+// the kernel may start while the stream's previous kernel still runs, once that kernel triggers
+// (griddepcontrol.launch_dependents); it must execute griddepcontrol.wait before it touches what
+// that kernel writes. Stream capture records the dependency as a programmatic graph edge.
+template <class... Params, class... Args>
+cudaError_t launch_smem_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  Args&&... args) {
+    MSA_TRY(opt_in_smem(kernel, smem));
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    return cudaGetLastError();
+}
+
 // kernel<<<grid, block, 0, stream>>>(args...) as a cooperative launch (cudaLaunchKernelEx with
 // cudaLaunchAttributeCooperative, which stream capture records as a cooperative kernel node), so
 // the kernel may call cooperative_groups::this_grid().sync(). The grid must fit on the device at
