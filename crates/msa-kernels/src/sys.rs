@@ -703,12 +703,12 @@ unsafe extern "C" {
         bytes: usize,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Workspace bytes of msa_attn_forward for T = varlen.total_q (host arithmetic, no CUDA call): the\n sm_90a path's claim counter (256 bytes) and its tiles' unions (entries [4, ceil(T / 8), 128]\n int4, written by the kernel); the sm_80 path ignores it."]
+    #[doc = " Workspace bytes of msa_attn_forward for T = varlen.total_q (host arithmetic, no CUDA call): the\n sm_90a path's claim counter (256 bytes), its tiles' unions (entries [4, ceil(T / 8), 128] int4,\n written by the kernel) and its claim order ([4 * ceil(T / 8)] int); the sm_80 path ignores it."]
     pub fn msa_attn_forward_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,
     ) -> ::std::os::raw::c_int;
-    #[doc = " out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.\n Empty selection: out = 0, lse = -inf. Deterministic. Tiles of 8 consecutive packed queries\n of one group. sm_90a: a memset of the claim counter, then one persistent CTA per SM (384\n threads, 227 KB dynamic smem) that builds each tile's union itself and claims tiles in natural\n order (attention/forward_sm90.cuh). sm_80: grid (ceil(T / 8), 4),\n 256 threads, ~131 KB dynamic smem. cudaErrorInvalidValue if the workspace is too small."]
+    #[doc = " out = softmax(scale q k^T) v over each query's selected visible keys; lse = its logsumexp.\n Empty selection: out = 0, lse = -inf. Deterministic. Tiles of 8 consecutive packed queries\n of one group. sm_90a: a memset of the claim counter (where fragments are short, a one-CTA\n kernel that also writes the claim order), then one persistent CTA per SM (384 threads, 227 KB\n dynamic smem) that builds each tile's union itself and claims tiles in natural order, the short\n layouts' first-block tiles last (attention/forward_sm90.cuh). sm_80: grid (ceil(T / 8), 4),\n 256 threads, ~131 KB dynamic smem. cudaErrorInvalidValue if the workspace is too small."]
     pub fn msa_attn_forward(
         params: *const MsaAttnFwdParams,
         stream: *mut ::std::os::raw::c_void,

@@ -20,6 +20,8 @@
 // Persistent: gridDim.x CTAs claim items in their natural order (group-major, tiles ascending,
 // so CTAs working at the same time share K/V blocks in L2), the first by CTA index and the rest
 // from a counter, so they finish within about one item of each other without a sorted run list.
+// With two builders (short fragments) the counter walks an order written before the launch
+// (order_kernel) that leaves a document's first-block tiles, the smallest, for the last claims.
 #pragma once
 
 #include <cstdint>
