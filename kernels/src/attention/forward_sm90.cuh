@@ -990,9 +990,9 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
 }
 
 // The whole sm_90a forward of msa_attn_forward: the claim counter zeroed (with two builders by
-// order_kernel, which also writes the claim order), then the kernel, which
-// builds every tile's union itself (no union or order kernels before it: they were 14% of a
-// short-document rank's forward, docs/perf/attention-forward-sm90.md).
+// order_kernel, which also writes the claim order and which the kernel overlaps), then the
+// kernel, which builds every tile's union itself (union and run-order kernels in front of it were
+// 14% of a short-document rank's forward, docs/perf/attention-forward-sm90.md).
 inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     const MsaVarlen& vl = a.varlen;
     const Workspace w = workspace_layout(vl.total_q);

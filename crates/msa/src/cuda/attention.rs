@@ -56,7 +56,7 @@ impl CudaMsa {
 
     /// Sparse attention forward over `meta`'s selection (the validated top-k is all it reads, so
     /// [`CudaMsa::prepare_forward`]'s metadata suffices): the sm_90a kernel on Hopper unless
-    /// [`CudaMsa::with_sm80_kernels`], with its workspace (claim counter, tile unions); the mma.sync kernel
+    /// [`CudaMsa::with_sm80_kernels`], with its workspace (claim counter, tile unions, claim order); the mma.sync kernel
     /// elsewhere.
     pub fn forward(
         &self,

@@ -374,7 +374,7 @@ pub struct Sizes {
     pub index_lse: usize,
 
     // ---- Workspaces (bytes; each carved into 256-byte aligned parts from a 256-byte aligned base).
-    /// `msa_attn_forward_workspace_bytes`: the sm_90a forward's tile unions
+    /// `msa_attn_forward_workspace_bytes`: the sm_90a forward's tile unions and claim order
     /// ([`Sizes::forward_workspace_bytes`]).
     pub forward_sm90_bytes: usize,
     /// `msa_attn_backward_sm90_workspace_bytes`: the sm_90a part of the backward workspace.
@@ -521,7 +521,7 @@ impl Sizes {
     }
 
     /// Bytes of the workspace [`forward`](super::forward) needs with `kernels`: the tile unions
-    /// on [`KernelSet::Sm90a`], nothing on [`KernelSet::Sm80`].
+    /// and claim order on [`KernelSet::Sm90a`], nothing on [`KernelSet::Sm80`].
     pub fn forward_workspace_bytes(&self, kernels: KernelSet) -> usize {
         match kernels {
             KernelSet::Sm90a => self.forward_sm90_bytes,
