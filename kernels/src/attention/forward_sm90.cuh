@@ -135,7 +135,7 @@ struct Params {
     uint16_t* out;
     float* lse;
     int tiles;
-    const int* order;  // [items - gridDim.x]: the item claim j takes (order_kernel; two builders only)
+    int* order;  // [items - gridDim.x]: the item claim j takes (written by order_kernel; two builders only)
 };
 
 #if MSA_SM90A_ENABLED
@@ -869,9 +869,8 @@ __global__ void __launch_bounds__(kOrderThreads) order_kernel(const Params p, in
         total += c;
     }
     const int d = min(total, kDeferWaves * grid);
-    int* order = const_cast<int*>(p.order);
-    if (j < n) order[cheap && before < d ? n - d + before : j - min(before, d)] = grid + j;
-    for (int i = kOrderThreads + j; i < n; i += kOrderThreads) order[i - d] = grid + i;
+    if (j < n) p.order[cheap && before < d ? n - d + before : j - min(before, d)] = grid + j;
+    for (int i = kOrderThreads + j; i < n; i += kOrderThreads) p.order[i - d] = grid + i;
 #endif
 }
 
@@ -957,9 +956,9 @@ inline int forward_grid(int items, int sms) { return items < sms ? items : sms; 
 // on average).
 inline bool two_builders(const MsaVarlen& vl) { return vl.total_rows <= kShortDocBlocks * vl.batch; }
 
-// Encodes the maps and launches forward_grid persistent CTAs (p.claim zero; with two builders, as
-// the programmatic dependent of order_kernel).
-inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int sms,
+// Encodes the maps and launches `grid` persistent CTAs (p.claim zero; with two builders, as the
+// programmatic dependent of order_kernel).
+inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const Params& p, int grid,
                                   cudaStream_t stream) {
     const MsaVarlen& vl = p.varlen;
     if (vl.total_q <= 0) return cudaSuccess;
@@ -980,13 +979,11 @@ inline cudaError_t launch_forward(const uint16_t* q, const uint16_t* k, const ui
         const uint32_t box[2] = {64, kBlock};
         MSA_TRY(sm90::encode_bf16_sw128(which ? &vmap : &kmap, which ? v : k, 2, dims, strides, box));
     }
-    const int items = kGroups * p.tiles;
-    const dim3 grid(forward_grid(items, sms));
     if (two_builders(vl))
-        return launch_smem_dependent(forward_kernel<2>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap,
-                                     omap, p);
+        return launch_smem_dependent(forward_kernel<2>, dim3(grid), dim3(kThreads), kSmemBytes, stream, qmap, kmap,
+                                     vmap, omap, p);
     // A plain launch: after the counter's memset there is no kernel to overlap.
-    return launch_smem(forward_kernel<1>, grid, dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap, omap, p);
+    return launch_smem(forward_kernel<1>, dim3(grid), dim3(kThreads), kSmemBytes, stream, qmap, kmap, vmap, omap, p);
 }
 
 // The whole sm_90a forward of msa_attn_forward: the claim counter zeroed (with two builders by
@@ -1006,14 +1003,15 @@ inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     p.out = a.out;
     p.lse = a.lse;
     p.tiles = (vl.total_q + kQueriesPerCta - 1) / kQueriesPerCta;
-    p.order = reinterpret_cast<const int*>(base + w.order);
+    p.order = reinterpret_cast<int*>(base + w.order);
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
+    const int grid = forward_grid(kGroups * p.tiles, sms);  // order_kernel's order is for this grid
     if (vl.total_q > 0 && two_builders(vl))
-        MSA_TRY(launch(order_kernel, dim3(1), dim3(kOrderThreads), stream, p, forward_grid(kGroups * p.tiles, sms)));
+        MSA_TRY(launch(order_kernel, dim3(1), dim3(kOrderThreads), stream, p, grid));
     else
         MSA_TRY(cudaMemsetAsync(p.claim, 0, sizeof(int), stream));
-    return launch_forward(a.q, a.k, a.v, p, sms, stream);
+    return launch_forward(a.q, a.k, a.v, p, grid, stream);
 }
 
 }  // namespace msa::fwd90

@@ -45,6 +45,21 @@ cudaError_t launch_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
     return cudaGetLastError();
 }
 
+// cudaLaunchKernelEx with one launch attribute (the launch forms below), then the launch error.
+template <class... Params, class... Args>
+cudaError_t launch_with(cudaLaunchAttribute attr, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    return cudaGetLastError();
+}
+
 // launch_smem as a programmatic dependent launch (cudaLaunchAttributeProgrammaticStreamSerialization):
 // the kernel may start while the stream's previous kernel still runs, once that kernel triggers
 // (griddepcontrol.launch_dependents); it must execute griddepcontrol.wait before it touches what
@@ -56,15 +71,7 @@ cudaError_t launch_smem_dependent(void (*kernel)(Params...), dim3 grid, dim3 blo
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-    return cudaGetLastError();
+    return launch_with(attr, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...) as a cooperative launch (cudaLaunchKernelEx with
@@ -77,14 +84,7 @@ cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block,
     cudaLaunchAttribute attr = {};
     attr.id = cudaLaunchAttributeCooperative;
     attr.val.cooperative = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    MSA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-    return cudaGetLastError();
+    return launch_with(attr, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace msa
