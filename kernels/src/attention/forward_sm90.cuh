@@ -180,18 +180,32 @@ struct RowSoftmax {
     // skips O's 64 multiplies on most blocks (with a strict max, block j of i.i.d. scores moves
     // each row's max with probability 1/j, so one of a warp's 16 rows almost always does).
     // Returns whether O must be rescaled (warp-uniform).
+    // The work follows n_visible (warp-uniform: one query per warp): a query that sees at most
+    // the block's first 32 or 64 keys (its own block's first quarter or half, or a document's
+    // short last block) takes a form over those columns alone, the rest neither read nor written
+    // (to_p() gives them P = 0), and each form masks only the chunks n_visible can end in. S and
+    // PV keep their full shapes: the tensor pipe has slack where documents are short, and a
+    // wgmma shape chosen at run time serializes every wgmma of the kernel (session 19).
     __device__ __forceinline__ bool step(float (&s)[64], int n_visible, float (&corr)[2]) {
+        if (n_visible <= kBlock / 4) return step_cols<4, 0>(s, n_visible, corr);
+        return n_visible <= kBlock / 2 ? step_cols<8, 4>(s, n_visible, corr) : step_cols<16, 8>(s, n_visible, corr);
+    }
+
+    // step() over the first kChunks 8-column chunks of s, for 8 * kMasked < n_visible: the
+    // chunks before kMasked hold no masked column.
+    template <int kChunks, int kMasked>
+    __device__ __forceinline__ bool step_cols(float (&s)[64], int n_visible, float (&corr)[2]) {
         const int c = 2 * (threadIdx.x & 3);
-        if (n_visible < kBlock) {
+        if (n_visible < 8 * kChunks) {
 #pragma unroll
-            for (int i = 0; i < 16; ++i)
+            for (int i = kMasked; i < kChunks; ++i)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (8 * i + c + e >= n_visible) s[4 * i + e] = s[4 * i + 2 + e] = -INFINITY;
         }
         float mx[2] = {m[0], m[1]};
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < kChunks; ++i) {
             mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
             mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
         }
@@ -212,7 +226,7 @@ struct RowSoftmax {
         const float mb0 = m[0] * kScaleLog2e, mb1 = m[1] * kScaleLog2e;
         float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < kChunks; ++i) {
             s[4 * i] = ex2(fmaf(s[4 * i], kScaleLog2e, -mb0));
             s[4 * i + 1] = ex2(fmaf(s[4 * i + 1], kScaleLog2e, -mb0));
             s[4 * i + 2] = ex2(fmaf(s[4 * i + 2], kScaleLog2e, -mb1));
@@ -226,9 +240,11 @@ struct RowSoftmax {
     }
 };
 
+// P's first kSteps k-steps (16 keys each) from p; the rest are left to the caller.
+template <int kSteps = 8>
 __device__ __forceinline__ void to_a_frags(const float (&p)[64], uint32_t (&a)[8][4]) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < kSteps; ++kk) {
         a[kk][0] = pack_bf16(p[8 * kk], p[8 * kk + 1]);
         a[kk][1] = pack_bf16(p[8 * kk + 2], p[8 * kk + 3]);
         a[kk][2] = pack_bf16(p[8 * kk + 4], p[8 * kk + 5]);
@@ -581,11 +597,17 @@ struct ConsumerState {
     }
     // P in registers, only once no wgmma still reads the previous P.
     __device__ __forceinline__ void to_p(int nv) {
-        if (nv > 0) {
+        if (nv > kBlock / 2) {
             to_a_frags(s, pa);
-        } else {
+        } else if (nv > kBlock / 4) {
+            to_a_frags<4>(s, pa);
 #pragma unroll
-            for (int kk = 0; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+            for (int kk = 4; kk < 8; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+        } else {
+            if (nv > 0) to_a_frags<2>(s, pa);
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+                if (nv == 0 || kk >= 2) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
         }
     }
 };
