@@ -94,6 +94,9 @@ struct Call {
     topk: CudaSlice<i32>,
     meta: [CudaSlice<i32>; 12],
     prepare_ws: CudaSlice<u8>,
+    /// The forward's validation alone (`raw::prepare_validate`): error word, split counts.
+    validated: [CudaSlice<i32>; 2],
+    validate_ws: CudaSlice<u8>,
     q: CudaSlice<bf16>,
     k: CudaSlice<bf16>,
     v: CudaSlice<bf16>,
@@ -109,6 +112,7 @@ struct Call {
 #[derive(Clone)]
 struct Outputs {
     meta: Vec<Vec<i32>>,
+    validated: Vec<Vec<i32>>,
     out: Vec<u16>,
     lse: Vec<f32>,
     grads: Vec<[Vec<u16>; 3]>,
@@ -196,6 +200,8 @@ impl Call {
         Self {
             meta: meta_lens.map(|n| d.alloc(n)),
             prepare_ws: d.alloc(prepare_bytes),
+            validated: [d.alloc(s.error_word), d.alloc(s.split_counts)],
+            validate_ws: d.alloc(raw::VALIDATE_WORKSPACE_BYTES),
             topk: d.alloc(s.selection),
             q: d.upload(&inputs.q),
             k: d.upload(&inputs.k),
@@ -253,8 +259,9 @@ impl Call {
         }
     }
 
-    /// prepare (unchecked) + forward + the backward of every path, enqueued on the test's stream
-    /// with no host synchronization: the sequence the graph captures.
+    /// The forward's validation, prepare (unchecked) + forward + the backward of every path,
+    /// enqueued on the test's stream with no host synchronization: the sequence the graph
+    /// captures.
     fn enqueue(&self, d: &Device) -> msa::Result<()> {
         let s = self.shape.sizes();
         let stream = d.raw_stream();
@@ -272,10 +279,23 @@ impl Call {
             lse: d.rw(&self.lse, s.query_heads),
         };
         let prepare_ws = d.rw(&self.prepare_ws, self.prepare_ws.len());
+        let validate_ws = d.rw(&self.validate_ws, self.validate_ws.len());
+        let mut validated = raw::ValidateOutputs {
+            error_word: d.rw(&self.validated[0], s.error_word),
+            split_counts: d.rw(&self.validated[1], s.split_counts),
+        };
         let forward_ws = d.rw(&self.forward_ws, self.forward_ws.len());
         // SAFETY: every view is a live buffer of the test's context with the shape's sizes, the
         // stream is the test's; the selection is valid (checked after each run).
         unsafe {
+            raw::prepare_validate(
+                &self.shape,
+                &layout,
+                topk,
+                &mut validated,
+                validate_ws,
+                stream,
+            )?;
             raw::prepare(&self.shape, &layout, topk, &mut prep, prepare_ws, stream)?;
             let inputs = raw::AttentionInputs { q, k, v };
             raw::forward(
@@ -331,6 +351,7 @@ impl Call {
         };
         Outputs {
             meta: self.meta.iter().map(|m| d.download(m)).collect(),
+            validated: self.validated.iter().map(|m| d.download(m)).collect(),
             out: bits(&self.out, s.queries),
             lse: d.download(&self.lse)[..s.query_heads].to_vec(),
             grads: self
@@ -358,11 +379,20 @@ fn f32s(bits: &[u16]) -> Vec<f32> {
 }
 
 /// The replay against the eager run: metadata, forward and deterministic gradients bitwise,
-/// atomic gradients by cosine (fp32 atomics reduce in arrival order).
+/// atomic gradients by cosine (fp32 atomics reduce in arrival order); and the replay's
+/// validation against its prepare, whose error word and split counts it must equal.
 fn compare_runs(call: &Call, replay: &Outputs, eager: &Outputs, prefix: &str) -> CheckReport {
     let mut r = CheckReport::default();
     for (name, (a, e)) in META_NAMES.iter().zip(replay.meta.iter().zip(&eager.meta)) {
         r.push(compare::exact(&format!("{prefix}/{name}"), a, e));
+    }
+    for (name, (a, m)) in ["error_word", "split_counts"].iter().zip(
+        replay
+            .validated
+            .iter()
+            .zip([&replay.meta[0], &replay.meta[4]]),
+    ) {
+        r.push(compare::exact(&format!("{prefix}/validate/{name}"), a, m));
     }
     r.push(compare::bitwise(
         &format!("{prefix}/out"),
