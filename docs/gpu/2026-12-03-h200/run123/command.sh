@@ -38,7 +38,7 @@ PY
 )
 echo "SEL=$SEL"; (cd "$OUT" && tar czf g.tgz g && rm -rf g)
 V=${SEL:-main}; S="$OUT/s"; mkdir -p "$S"
-job() { local n="$1"; shift; mkdir -p "$S/$n"; (cd .gpu-bundle/var/$V && MSA_GPU_RESULTS="$S/$n" timeout 230 "$@" > "$S/$n/log" 2>&1; echo "rc=$?" >> "$S/$n/log") & }
+job() { local n="$1"; shift; mkdir -p "$S/$n"; (cd .gpu-bundle/var/$V && MSA_GPU_RESULTS="$S/$n" timeout 180 "$@" > "$S/$n/log" 2>&1; echo "rc=$?" >> "$S/$n/log") & }
 for s in 27..31 31..35 35..39 39..43 43..46 46..48; do
   job "real${s%..*}" env MSA_REAL_FULL=0 MSA_REAL_CASES="$s" ./gpu-suite real_cases --test-threads=1 --nocapture
 done
