@@ -9,7 +9,9 @@
 # ROW_LIMIT 25.) Logs and JSON in $OUT/g/; the dead builds in $OUT/g/dead. With ROW_PICK="A B",
 # $OUT/g/pick names the one of those (alive) with the highest mean on the first stage line, if it
 # reaches ROW_MIN (default 1.003) times the first build's, and is empty otherwise: a command gates
-# its correctness jobs on it.
+# its correctness jobs on it. ROW_PICK_BY=prepare (with ROW_STAGES=prepare,forward) picks the one
+# with the lowest mean prepare instead, if it is ROW_MIN_US (default 0.3) microseconds under the
+# first build's; the prepare means and their share of the forward are printed either way.
 set -uo pipefail
 bash scripts/device/unpack-variants.sh || exit 1
 G="$OUT/g"; mkdir -p "$G"
@@ -26,8 +28,9 @@ for round in $(seq 1 "${ROW_ROUNDS:-4}"); do
   done
 done
 echo "$dead" > "$G/dead"
-ROW_PICK="${ROW_PICK:-}" ROW_MIN="${ROW_MIN:-1.003}" python3 - "$G" $names <<'PY'
-import os, re, statistics, sys
+ROW_PICK="${ROW_PICK:-}" ROW_MIN="${ROW_MIN:-1.003}" ROW_PICK_BY="${ROW_PICK_BY:-}" ROW_MIN_US="${ROW_MIN_US:-0.3}" \
+  python3 - "$G" $names <<'PY'
+import json, os, re, statistics, sys
 g, names = sys.argv[1], sys.argv[2:]
 means = {}
 for v in names:
@@ -46,11 +49,35 @@ for v in names:
     m = means[v]
     ratio = " ".join(f"{a / b:.3f}" for a, b in zip(m, base)) if m and base else "-"
     print(f"{v:>8} mean TFLOP/s {' '.join(f'{x:.1f}' for x in m) or '-'}  x {names[0]} {ratio}")
+# With the prepare stage timed (ROW_STAGES=prepare,forward): its mean median in microseconds and
+# its share of the forward's, per build, from the JSON (the log rounds it to 1 us).
+prep = {}
+for v in names:
+    p, f = [], []
+    for r in range(1, 100):
+        try:
+            recs = [json.loads(x) for x in open(f"{g}/{v}-{r}.jsonl")]
+        except FileNotFoundError:
+            break
+        for d in recs:
+            st = {s["stage"]: s["median_ms"] for s in d.get("stages", [])} if d.get("record") == "case" else {}
+            if "prepare" in st and "forward" in st:
+                p.append(st["prepare"] * 1e3)
+                f.append(st["forward"] * 1e3)
+    if p:
+        prep[v] = statistics.mean(p)
+        print(f"{v:>8} prepare {prep[v]:.2f} us, {100 * prep[v] / statistics.mean(f):.2f}% of the forward")
 if os.environ["ROW_PICK"]:
     dead = open(f"{g}/dead").read().split()
-    first = lambda v: means[v][0] if means.get(v) else 0.0
-    best = max((v for v in os.environ["ROW_PICK"].split() if v not in dead), key=first, default="")
-    ok = best and base and first(best) >= float(os.environ["ROW_MIN"]) * base[0]
+    alive = [v for v in os.environ["ROW_PICK"].split() if v not in dead]
+    if os.environ["ROW_PICK_BY"] == "prepare":
+        # The fastest prepare, if ROW_MIN_US under the first build's.
+        best = min((v for v in alive if v in prep), key=prep.get, default="")
+        ok = best and names[0] in prep and prep[best] <= prep[names[0]] - float(os.environ["ROW_MIN_US"])
+    else:
+        first = lambda v: means[v][0] if means.get(v) else 0.0
+        best = max(alive, key=first, default="")
+        ok = best and base and first(best) >= float(os.environ["ROW_MIN"]) * base[0]
     open(f"{g}/pick", "w").write(best if ok else "")
     print(f"pick: {best if ok else '(none)'}")
 PY
