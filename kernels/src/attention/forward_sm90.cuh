@@ -32,6 +32,7 @@
 #include "msa/common.h"
 #include "common/arch_dispatch.cuh"
 #include "common/constants.cuh"
+#include "common/intrinsics.cuh"
 #include "common/launch.cuh"
 #include "common/varlen.cuh"
 #include "common/sm90/arch.cuh"
@@ -140,11 +141,6 @@ struct Params {
 
 #if MSA_SM90A_ENABLED
 using namespace msa::sm90;
-
-// Programmatic dependent launch: this grid's dependents may start now / this thread waits until
-// the grids this one depends on have completed and their writes are visible (a no-op otherwise).
-__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
-__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // 2^x by the MUFU unit, denormal results flushed (exp2f adds range fix-ups around it).
 __device__ __forceinline__ float ex2(float x) {

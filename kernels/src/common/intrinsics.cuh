@@ -1,4 +1,5 @@
-// PTX wrappers every target has (sm_80 and later, so sm_90a too): shared-memory addresses, ex2,
+// PTX wrappers every target has (sm_80 and later, so sm_90a too): programmatic-launch control
+// (no-ops before sm_90), shared-memory addresses, ex2,
 // bf16x2 packing and unpacking, fp32 reductions and the shuffles over the 4 lanes of an accumulator row. The
 // architecture-specific instruction families live in common/sm80/ (mma.sync, ldmatrix,
 // cp.async) and common/sm90/.
@@ -7,6 +8,20 @@
 #include <cstdint>
 
 namespace msa {
+
+// Programmatic dependent launch: this grid's dependents may start now / this thread waits until
+// the grids this one depends on have completed and their writes are visible. No-ops before
+// compute capability 9.0, where a dependent grid starts only after the one before it completes.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
