@@ -63,7 +63,8 @@ impl Environment {
     }
 }
 
-/// `580.65.06` from `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ...`.
+/// `580.65.06` from `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ...`
+/// (the open module's line reads `... Open Kernel Module for x86_64  580.65.06 ...`).
 fn nvidia_module_version() -> Option<String> {
     let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
     parse_module_version(&text)
@@ -72,7 +73,9 @@ fn nvidia_module_version() -> Option<String> {
 fn parse_module_version(text: &str) -> Option<String> {
     let line = text.lines().next()?;
     let (_, rest) = line.split_once("Kernel Module")?;
-    rest.split_whitespace().next().map(str::to_string)
+    rest.split_whitespace()
+        .find(|w| w.contains('.') && w.bytes().all(|b| b.is_ascii_digit() || b == b'.'))
+        .map(str::to_string)
 }
 
 #[cfg(feature = "msa")]
@@ -139,6 +142,8 @@ mod tests {
     fn the_module_version_is_read_from_the_nvrm_line() {
         let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 06:54:38 UTC 2025\nGCC version: gcc 12\n";
         assert_eq!(parse_module_version(text).as_deref(), Some("580.65.06"));
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:51:33 UTC 2025\n";
+        assert_eq!(parse_module_version(open).as_deref(), Some("580.95.05"));
         assert_eq!(parse_module_version("garbage"), None);
     }
 }
