@@ -809,7 +809,7 @@ unsafe extern "C" {
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " The top-k validation of msa_prepare_metadata alone: error_word [4] and split_counts [T, 4]\n exactly as msa_prepare_metadata writes them, and none of the CSR tables. What the forward\n needs (it reads only the validated top-k); msa_prepare_metadata builds the tables the backward\n and the KL backward read (and validates again). workspace: workspace_bytes >=\n MSA_PREPARE_VALIDATE_WORKSPACE_BYTES of device memory, any alignment, scratch. split_counts\n may be NULL only when total_q = 0. Enqueues one cooperative kernel on stream; never\n synchronizes. Returns a cudaError_t code."]
+    #[doc = " The top-k validation of msa_prepare_metadata alone: error_word [4] and split_counts [T, 4]\n exactly as msa_prepare_metadata writes them, and none of the CSR tables. What the forward\n needs (it reads only the validated top-k); msa_prepare_metadata builds the tables the backward\n and the KL backward read (and validates again). workspace: workspace_bytes >=\n MSA_PREPARE_VALIDATE_WORKSPACE_BYTES of device memory, any alignment, scratch. split_counts\n may be NULL only when total_q = 0. Enqueues two kernels on stream, the second (one CTA,\n the error word) a programmatic dependent of the first from compute capability 9.0; never\n synchronizes. Returns a cudaError_t code."]
     pub fn msa_prepare_validate(
         topk: *const i32,
         varlen: MsaVarlen,

@@ -96,7 +96,8 @@ int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen, int32_t target_q
  * needs (it reads only the validated top-k); msa_prepare_metadata builds the tables the backward
  * and the KL backward read (and validates again). workspace: workspace_bytes >=
  * MSA_PREPARE_VALIDATE_WORKSPACE_BYTES of device memory, any alignment, scratch. split_counts
- * may be NULL only when total_q = 0. Enqueues one cooperative kernel on stream; never
+ * may be NULL only when total_q = 0. Enqueues two kernels on stream, the second (one CTA,
+ * the error word) a programmatic dependent of the first from compute capability 9.0; never
  * synchronizes. Returns a cudaError_t code. */
 int msa_prepare_validate(const int32_t* topk, MsaVarlen varlen, int32_t* error_word,
                          int32_t* split_counts, void* workspace, size_t workspace_bytes,

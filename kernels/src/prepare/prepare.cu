@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "common/arch_dispatch.cuh"
+#include "common/intrinsics.cuh"
 #include "common/launch.cuh"
 #include "prepare/columns.cuh"
 #include "prepare/edges.cuh"
@@ -117,21 +118,27 @@ __device__ __forceinline__ unsigned long long block_max(unsigned long long x, un
 
 // The validation alone (msa_prepare_validate): prepare_kernel's select phase without the bitmap,
 // then the error word. What the forward needs: it reads only the validated top-k. Each CTA
-// writes its largest fault word to its own slot (no word to zero first), so one grid barrier
-// suffices; CTA 0 then reduces the slots.
+// writes its largest fault word to its own slot (no word to zero first); validate_reduce_kernel,
+// its programmatic dependent, reduces the slots. Two plain launches instead of a cooperative one
+// and its grid barrier: the dependent is launched while this grid runs and only waits.
 __global__ void __launch_bounds__(kThreads) validate_kernel(const __grid_constant__ ValidateArgs a) {
     __shared__ unsigned long long warp_max[kThreads / 32];
-    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    griddep_launch_dependents();
     unsigned long long fault = 0ull;
     for (unsigned b = blockIdx.x; b < a.sel.ctas; b += gridDim.x) {
         fault = max(fault, select_block<false>(a.v, Bitmap{}, a.sel, b));
     }
     fault = block_max(fault, warp_max);
     if (threadIdx.x == 0) a.slots[blockIdx.x] = fault;
-    grid.sync();
-    if (blockIdx.x != 0) return;
-    fault = 0ull;
-    for (unsigned i = threadIdx.x; i < gridDim.x; i += kThreads) fault = max(fault, a.slots[i]);
+}
+
+// One CTA: the largest of validate_kernel's `slots` words, then the error word.
+__global__ void __launch_bounds__(kThreads) validate_reduce_kernel(const __grid_constant__ ValidateArgs a,
+                                                                   unsigned slots) {
+    __shared__ unsigned long long warp_max[kThreads / 32];
+    griddep_wait();
+    unsigned long long fault = 0ull;
+    for (unsigned i = threadIdx.x; i < slots; i += kThreads) fault = max(fault, a.slots[i]);
     fault = block_max(fault, warp_max);
     if (threadIdx.x == 0) write_error_word(a.v, fault, a.error_word);
 }
@@ -152,7 +159,6 @@ cudaError_t resident_ctas(std::atomic<int> (&cache)[kCachedDevices], Kernel kern
 }
 
 std::atomic<int> prepare_resident[kCachedDevices];
-std::atomic<int> validate_resident[kCachedDevices];
 
 cudaError_t prepare_workspace_bytes(const MsaVarlen& varlen, size_t* bytes) {
     if (bytes == nullptr) return cudaErrorInvalidValue;
@@ -262,10 +268,14 @@ cudaError_t prepare_validate(const int32_t* topk, const MsaVarlen& varlen, int32
     a.sel.ctas = grid_for(static_cast<long long>(kIndexHeads) * plan.tiles * kTileQueries);
     a.slots = reinterpret_cast<unsigned long long*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
     a.error_word = error_word;
-    int resident = 0;
-    MSA_TRY(resident_ctas(validate_resident, validate_kernel, &resident));
-    const unsigned grid = std::max(1u, std::min({a.sel.ctas, static_cast<unsigned>(resident), kValidateSlots}));
-    return launch_cooperative(validate_kernel, grid, kThreads, static_cast<cudaStream_t>(stream), a);
+    const unsigned grid = std::max(1u, std::min(a.sel.ctas, kValidateSlots));
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    MSA_TRY(launch(validate_kernel, grid, kThreads, s, a));
+    // Programmatic launches exist from compute capability 9.0; before it, stream order.
+    int sm = 0;
+    MSA_TRY(current_device_sm(&sm));
+    if (sm < 90) return launch(validate_reduce_kernel, 1, kThreads, s, a, grid);
+    return launch_smem_dependent(validate_reduce_kernel, 1, kThreads, 0, s, a, grid);
 }
 
 }  // namespace
