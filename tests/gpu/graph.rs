@@ -386,13 +386,16 @@ fn compare_runs(call: &Call, replay: &Outputs, eager: &Outputs, prefix: &str) ->
     for (name, (a, e)) in META_NAMES.iter().zip(replay.meta.iter().zip(&eager.meta)) {
         r.push(compare::exact(&format!("{prefix}/{name}"), a, e));
     }
-    for (name, (a, m)) in ["error_word", "split_counts"].iter().zip(
-        replay
-            .validated
+    for (name, a) in ["error_word", "split_counts"].iter().zip(&replay.validated) {
+        let m = META_NAMES
             .iter()
-            .zip([&replay.meta[0], &replay.meta[4]]),
-    ) {
-        r.push(compare::exact(&format!("{prefix}/validate/{name}"), a, m));
+            .position(|n| n == name)
+            .expect("a metadata tensor");
+        r.push(compare::exact(
+            &format!("{prefix}/validate/{name}"),
+            a,
+            &replay.meta[m],
+        ));
     }
     r.push(compare::bitwise(
         &format!("{prefix}/out"),

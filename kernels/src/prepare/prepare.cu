@@ -271,11 +271,9 @@ cudaError_t prepare_validate(const int32_t* topk, const MsaVarlen& varlen, int32
     const unsigned grid = std::max(1u, std::min(a.sel.ctas, kValidateSlots));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     MSA_TRY(launch(validate_kernel, grid, kThreads, s, a));
-    // Programmatic launches exist from compute capability 9.0; before it, stream order.
-    int sm = 0;
-    MSA_TRY(current_device_sm(&sm));
-    if (sm < 90) return launch(validate_reduce_kernel, 1, kThreads, s, a, grid);
-    return launch_smem_dependent(validate_reduce_kernel, 1, kThreads, 0, s, a, grid);
+    // The reduction as a programmatic dependent where the device path is sm_90a; stream order elsewhere.
+    return dispatch_arch([&] { return launch(validate_reduce_kernel, 1, kThreads, s, a, grid); },
+                         [&] { return launch_smem_dependent(validate_reduce_kernel, 1, kThreads, 0, s, a, grid); });
 }
 
 }  // namespace

@@ -96,13 +96,11 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
                     m,
                     opts,
                     || {
-                        let mut topk = m.upload(&p.topk_indices)?;
                         m.stream().memset_zeros(spacer)?;
                         // In a training step the indexer writes the selection just before this
                         // call, so it sits in L2; the spacer evicted it, a device copy writes it
                         // again (the layout arrays stay evicted).
-                        m.stream().memcpy_dtod(&written, &mut topk)?;
-                        Ok(topk)
+                        Ok(m.stream().clone_dtod(&written)?)
                     },
                     |topk| m.prepare_forward_unchecked(&layout, topk),
                 )?
