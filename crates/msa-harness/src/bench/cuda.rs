@@ -96,11 +96,13 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
                     m,
                     opts,
                     || {
+                        let mut topk = m.upload(&p.topk_indices)?;
                         m.stream().memset_zeros(spacer)?;
                         // In a training step the indexer writes the selection just before this
                         // call, so it sits in L2; the spacer evicted it, a device copy writes it
                         // again (the layout arrays stay evicted).
-                        Ok(m.stream().clone_dtod(&written)?)
+                        m.stream().memcpy_dtod(&written, &mut topk)?;
+                        Ok(topk)
                     },
                     |topk| m.prepare_forward_unchecked(&layout, topk),
                 )?
