@@ -100,7 +100,9 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
                         m.stream().memset_zeros(spacer)?;
                         // In a training step the indexer writes the selection just before this
                         // call, so it sits in L2; the spacer evicted it, a device copy writes it
-                        // again (the layout arrays stay evicted).
+                        // again (the layout arrays stay evicted). The host upload before it also
+                        // paces the host: a device clone alone timed the call 1.3 µs longer
+                        // (run 131, cause not found; docs/perf/schedule.md, "Session 26").
                         m.stream().memcpy_dtod(&written, &mut topk)?;
                         Ok(topk)
                     },
