@@ -2,20 +2,25 @@
 //! call, read after the last one, so host gaps inside a call (the checked prepare's one
 //! synchronization) count and host work between calls does not.
 //!
-//! The unchecked prepare (stage `prepare`, what a training step pays before its forward) and the
-//! tables (stage `tables`, before its backward) take µs to tens of µs on the device, less than
-//! the host needs to enqueue them (output allocations, argument checks, the launches); a
-//! training step enqueues them ahead of the device. Their timed calls therefore start behind a
-//! spacer (a memset of [`SPACER_BYTES`] enqueued before the start event), so the host
-//! has enqueued the call before the device reaches it and the events see device time only. The
-//! spacer also evicts L2, which suits the tables (a training step builds them after its forward
-//! has streamed Q, K and V) but not the unchecked prepare, whose selection the indexer has just
-//! written: its setup copies the selection again on the device after the spacer.
+//! The tables (stage `tables`, before the backward) take tens of µs on the device, less than the
+//! host needs to enqueue them (output allocations, argument checks, the launches); a training
+//! step enqueues them ahead of the device. Their timed calls therefore start behind a spacer (a
+//! memset of [`SPACER_BYTES`] enqueued before the start event), so the host has enqueued the call
+//! before the device reaches it and the events see device time only. The spacer also evicts L2,
+//! as a training step's forward does before the tables are built.
+//!
+//! The unchecked prepare (stage `prepare`) takes a few µs, about what a timing event adds at the
+//! start of a timed range: the gap before the first kernel after a start event is ~3 µs longer
+//! than between two kernels (docs/perf/schedule.md, "Session 27", from CUPTI traces). So the
+//! stage is timed as what it adds to the forward that follows it in a training step: each timed
+//! call of prepare then forward is paired with one of the forward alone on metadata prepared
+//! before its start event, and the stage's times are the differences.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice};
+use half::bf16;
 
 use msa::cuda::{BackwardOptions, CudaMsa, DeviceLayout, KlInputs};
 
@@ -51,6 +56,53 @@ fn time<S, R>(
     pairs
         .iter()
         .map(|(a, b)| Ok(a.elapsed_ms(b)? as f64))
+        .collect()
+}
+
+/// What the unchecked prepare adds to the forward after it: `warmup` untimed pairs, then `iters`
+/// pairs of timed calls, prepare then forward and the forward alone, in alternation; the
+/// differences. Every call starts behind the spacer, with the selection written again on the
+/// device after it (in a training step the indexer has just written it, so it sits in L2); the
+/// forward alone runs on metadata prepared from it before the start event, so both forwards read
+/// a selection the validation has just read.
+fn time_in_step(
+    m: &CudaMsa,
+    opts: &BenchOptions,
+    layout: &Arc<DeviceLayout>,
+    topk: &[i32],
+    spacer: &mut CudaSlice<u8>,
+    (q, k, v): (&CudaSlice<bf16>, &CudaSlice<bf16>, &CudaSlice<bf16>),
+) -> msa::Result<Vec<f64>> {
+    let written = m.upload(topk)?;
+    let event = || m.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    let mut pairs: Vec<[(CudaEvent, CudaEvent); 2]> = Vec::with_capacity(opts.iters);
+    for i in 0..opts.warmup + opts.iters {
+        let mut timed = |with_prepare: bool| -> msa::Result<(CudaEvent, CudaEvent)> {
+            m.stream().memset_zeros(spacer)?;
+            let selection = m.stream().clone_dtod(&written)?;
+            let (start, end) = (event()?, event()?);
+            let meta = if with_prepare {
+                start.record(m.stream())?;
+                m.prepare_forward_unchecked(layout, selection)?
+            } else {
+                let meta = m.prepare_forward_unchecked(layout, selection)?;
+                start.record(m.stream())?;
+                meta
+            };
+            let out = m.forward(&meta, q, k, v)?;
+            end.record(m.stream())?;
+            drop((out, meta));
+            Ok((start, end))
+        };
+        let pair = [timed(true)?, timed(false)?];
+        if i >= opts.warmup {
+            pairs.push(pair);
+        }
+    }
+    m.synchronize()?;
+    pairs
+        .iter()
+        .map(|[(a, b), (c, d)]| Ok((a.elapsed_ms(b)? - c.elapsed_ms(d)?) as f64))
         .collect()
 }
 
@@ -91,23 +143,7 @@ pub fn run(m: &CudaMsa, p: &CallInputs, opts: &BenchOptions) -> Result<Vec<Stage
         let ms = match stage {
             Stage::Prepare => {
                 let spacer = spacer_in(m, &mut spacer)?;
-                let written = m.upload(&p.topk_indices)?;
-                time(
-                    m,
-                    opts,
-                    || {
-                        let mut topk = m.upload(&p.topk_indices)?;
-                        m.stream().memset_zeros(spacer)?;
-                        // In a training step the indexer writes the selection just before this
-                        // call, so it sits in L2; the spacer evicted it, a device copy writes it
-                        // again (the layout arrays stay evicted). The host upload before it also
-                        // paces the host: a device clone alone timed the call 1.3 µs longer
-                        // (run 131, cause not found; docs/perf/schedule.md, "Session 26").
-                        m.stream().memcpy_dtod(&written, &mut topk)?;
-                        Ok(topk)
-                    },
-                    |topk| m.prepare_forward_unchecked(&layout, topk),
-                )?
+                time_in_step(m, opts, &layout, &p.topk_indices, spacer, (&q, &k, &v))?
             }
             Stage::Tables => {
                 let spacer = spacer_in(m, &mut spacer)?;
