@@ -871,6 +871,10 @@ __device__ __forceinline__ bool first_block_tile(const Params& p, int item) {
 // scripts/analysis/order_model.py checks that this is a permutation.
 __global__ void __launch_bounds__(kOrderThreads) order_kernel(const Params p, int grid) {
 #if MSA_SM90A_ENABLED
+    // A programmatic dependent of whatever kernel precedes it: the forward, its own dependent,
+    // reads the stream's earlier writes before its first griddepcontrol.wait, so the forward is
+    // let go only once those writes are visible.
+    griddep_wait();
     griddep_launch_dependents();
     __shared__ int warp_count[kOrderThreads / 32];
     const int n = kGroups * p.tiles - grid;
@@ -1026,7 +1030,7 @@ inline cudaError_t run(const MsaAttnFwdParams& a, cudaStream_t stream) {
     MSA_TRY(current_device_sms(&sms));
     const int grid = forward_grid(kGroups * p.tiles, sms);  // order_kernel's order is for this grid
     if (vl.total_q > 0 && two_builders(vl))
-        MSA_TRY(launch(order_kernel, dim3(1), dim3(kOrderThreads), stream, p, grid));
+        MSA_TRY(launch_smem_dependent(order_kernel, dim3(1), dim3(kOrderThreads), 0, stream, p, grid));
     else
         MSA_TRY(cudaMemsetAsync(p.claim, 0, sizeof(int), stream));
     return launch_forward(a.q, a.k, a.v, p, grid, stream);

@@ -136,6 +136,9 @@ __global__ void __launch_bounds__(kThreads) validate_kernel(const __grid_constan
 __global__ void __launch_bounds__(kThreads) validate_reduce_kernel(const __grid_constant__ ValidateArgs a,
                                                                    unsigned slots) {
     __shared__ unsigned long long warp_max[kThreads / 32];
+    // What follows (the forward's order_kernel) waits for this kernel before it touches memory:
+    // let it launch now.
+    griddep_launch_dependents();
     griddep_wait();
     unsigned long long fault = 0ull;
     for (unsigned i = threadIdx.x; i < slots; i += kThreads) fault = max(fault, a.slots[i]);
