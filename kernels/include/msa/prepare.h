@@ -97,8 +97,11 @@ int msa_prepare_metadata(const int32_t* topk, MsaVarlen varlen, int32_t target_q
  * and the KL backward read (and validates again). workspace: workspace_bytes >=
  * MSA_PREPARE_VALIDATE_WORKSPACE_BYTES of device memory, any alignment, scratch. split_counts
  * may be NULL only when total_q = 0. Enqueues two kernels on stream, the second (one CTA,
- * the error word) a programmatic dependent of the first from compute capability 9.0; never
- * synchronizes. Returns a cudaError_t code. */
+ * the error word) a programmatic dependent of the first from compute capability 9.0, which lets
+ * the stream's next kernel launch at its start: a kernel launched after this call as a
+ * programmatic dependent must execute griddepcontrol.wait before it touches what this call
+ * writes (CUDA's rule for programmatic dependents; msa's own kernels do). Never synchronizes.
+ * Returns a cudaError_t code. */
 int msa_prepare_validate(const int32_t* topk, MsaVarlen varlen, int32_t* error_word,
                          int32_t* split_counts, void* workspace, size_t workspace_bytes,
                          void* stream);

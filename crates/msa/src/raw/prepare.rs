@@ -229,8 +229,9 @@ pub const VALIDATE_WORKSPACE_BYTES: usize = launch::prepare::VALIDATE_WORKSPACE_
 /// The validation of [`prepare`] alone: `out.error_word` and `out.split_counts` exactly as
 /// [`prepare`] writes them, none of the CSR tables. It is all the forward needs (it reads only
 /// the validated selection); the backward and the KL backward need [`prepare`]'s tables. Two
-/// kernels (the second reduces the first's per-CTA words), no host synchronization,
-/// graph-capturable; read the word with
+/// kernels (the second reduces the first's per-CTA words and lets the stream's next kernel
+/// launch early, which must wait with `griddepcontrol.wait` if launched as a programmatic
+/// dependent), no host synchronization, graph-capturable; read the word with
 /// [`validate_prepare`]. `workspace` must hold at least [`VALIDATE_WORKSPACE_BYTES`], 256-byte
 /// aligned. Lengths are checked before any launch.
 ///
