@@ -9,9 +9,10 @@ pub enum Stage {
     /// Host-to-device copies of the layout and the attention inputs (nothing on the CPU).
     Upload,
     /// `prepare`: the selection validated on the device, all the forward needs
-    /// (`CudaMsa::prepare_forward`). `msa bench` times the unchecked call (error word written,
-    /// not read: no host synchronization) on a selection just written on the device (in L2, as
-    /// after the indexer), as a training step runs it; `msa run` times the checked one.
+    /// (`CudaMsa::prepare_forward`). On the GPU `msa bench` times what the unchecked call (error
+    /// word written, not read: no host synchronization) adds to the forward after it, on a
+    /// selection just written on the device (in L2, as after the indexer), as a training step
+    /// runs it; `msa run` times the checked one.
     Prepare,
     /// `prepare` followed by the validation read (one host synchronization on the GPU): what
     /// `CudaMsa::prepare_forward` returns, the host's typed error included.
