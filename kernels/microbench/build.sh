@@ -29,6 +29,7 @@ build m4_bulk_reduce "$here/m4_bulk_reduce.cu"
 build m6_release "$here/m6_release.cu"
 build m7_prepost "$here/m7_prepost.cu"
 build m8_compressible "$here/m8_compressible.cu"
+build m9_last_cast "$here/m9_last_cast.cu"
 build m2_forward_sm90 "$here/m2_forward_sm90.cu" "$root/kernels/src/attention/forward.cu"
 v1="$root/kernels/src/attention"
 build m5_backward_sm90 "$here/m5_backward_sm90.cu" "$v1/forward.cu" "$v1/backward_dq.cu" "$v1/backward_dkv.cu" \
