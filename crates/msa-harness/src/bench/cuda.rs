@@ -76,24 +76,24 @@ fn time_in_step(
     let written = m.upload(topk)?;
     let event = || m.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     let mut pairs: Vec<[(CudaEvent, CudaEvent); 2]> = Vec::with_capacity(opts.iters);
-    for i in 0..opts.warmup + opts.iters {
-        let mut timed = |with_prepare: bool| -> msa::Result<(CudaEvent, CudaEvent)> {
-            m.stream().memset_zeros(spacer)?;
-            let selection = m.stream().clone_dtod(&written)?;
-            let (start, end) = (event()?, event()?);
-            let meta = if with_prepare {
-                start.record(m.stream())?;
-                m.prepare_forward_unchecked(layout, selection)?
-            } else {
-                let meta = m.prepare_forward_unchecked(layout, selection)?;
-                start.record(m.stream())?;
-                meta
-            };
-            let out = m.forward(&meta, q, k, v)?;
-            end.record(m.stream())?;
-            drop((out, meta));
-            Ok((start, end))
+    let mut timed = |with_prepare: bool| -> msa::Result<(CudaEvent, CudaEvent)> {
+        m.stream().memset_zeros(spacer)?;
+        let selection = m.stream().clone_dtod(&written)?;
+        let (start, end) = (event()?, event()?);
+        let meta = if with_prepare {
+            start.record(m.stream())?;
+            m.prepare_forward_unchecked(layout, selection)?
+        } else {
+            let meta = m.prepare_forward_unchecked(layout, selection)?;
+            start.record(m.stream())?;
+            meta
         };
+        let out = m.forward(&meta, q, k, v)?;
+        end.record(m.stream())?;
+        drop((out, meta));
+        Ok((start, end))
+    };
+    for i in 0..opts.warmup + opts.iters {
         let pair = [timed(true)?, timed(false)?];
         if i >= opts.warmup {
             pairs.push(pair);
