@@ -15,17 +15,15 @@
 #include <cstdio>
 #include <vector>
 
-#include <cuda_bf16.h>
 
 #include "common.cuh"
-#include "common/sm90/wgmma.cuh"
+#include "common/intrinsics.cuh"
+#include "common/sm90/barrier.cuh"
+#include "common/sm90/tma.cuh"
 
 namespace {
 
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-}
+using msa::pack_bf16;
 
 constexpr int kValues = 2048;  // one chunk: a query's dQ for one group
 constexpr int kK = 16;         // adds per chunk
@@ -37,13 +35,6 @@ __device__ __forceinline__ int chunk_of(long long j, bool recent) {
     if (!recent) return static_cast<int>((j * 7919) % kChunks);
     const long long b = j / (kK * kPerBlock), r = j % (kK * kPerBlock);
     return static_cast<int>(((b + r / kPerBlock) % kBlocks) * kPerBlock + r % kPerBlock);
-}
-
-__device__ __forceinline__ void add_chunk(float* dst, uint32_t src) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
-                 "r"(kValues * 4)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
 // The last contributor of chunk c (count reached kK): the warp reads the chunk (from L2) and
@@ -74,15 +65,17 @@ __global__ void __launch_bounds__(256) adds(float* acc, unsigned* count, uint32_
     __shared__ alignas(128) float src[kValues];
     __shared__ int ring[8][kLag > 0 ? kLag + 1 : 1];
     for (int i = threadIdx.x; i < kValues; i += blockDim.x) src[i] = 1.0f;
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    msa::sm90::fence_proxy_async_smem();
     __syncthreads();
     const int lane = threadIdx.x & 31, w = threadIdx.x / 32;
     const long long warps = 1LL * gridDim.x * (blockDim.x / 32);
-    const uint32_t s = msa::sm90::smem_u32(src);
     int n = 0;  // adds issued by this warp
     for (long long j = blockIdx.x * (blockDim.x / 32) + w; j < kOps; j += warps, ++n) {
         const int c = chunk_of(j, recent);
-        if (lane == 0) add_chunk(acc + static_cast<size_t>(c) * kValues, s);
+        if (lane == 0) {
+            msa::sm90::bulk_reduce_add_f32(acc + static_cast<size_t>(c) * kValues, src, kValues * 4);
+            msa::sm90::bulk_commit();
+        }
         if constexpr (kLag < 0) {
             if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 15;\n" ::: "memory");
         } else {
@@ -95,7 +88,7 @@ __global__ void __launch_bounds__(256) adds(float* acc, unsigned* count, uint32_
             }
         }
     }
-    if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (lane == 0) msa::sm90::bulk_wait_all();
     if constexpr (kLag > 0) {
         constexpr int R = kLag + 1;
         __syncwarp();
