@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&rank, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
         CK(cudaMalloc(&split_part, size_t(4) * h.P * 4));
-        CK(cudaMalloc(&counts, 12));
+        CK(cudaMalloc(&counts, msa::kCountWords * 4));
         int* topk = upload(topk_h);
         int* row_ptr = upload(csr.row_ptr);
         int* qidx = upload(csr.q);
@@ -195,9 +195,10 @@ int main(int argc, char** argv) {
         CK(cudaDeviceSynchronize());
         {
             const std::vector<int4> di = download(items, cap);
-            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, 3);
+            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, msa::kCountWords);
             const std::vector<int> dp = download(split_part, size_t(4) * h.P);
-            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && dc[2] == 0 && ds == w.split_slot && dp == w.split_part;
+            bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && ds == w.split_slot && dp == w.split_part;
+            for (int i = 2; i < msa::kCountWords; ++i) same = same && dc[i] == 0;
             for (int i = 0; i < cap && same; ++i) {
                 const int4 want = i < int(items_h.size()) ? items_h[i] : make_int4(0, 0, 0, 0);
                 same = di[i].x == want.x && di[i].y == want.y && di[i].z == want.z && di[i].w == want.w;
@@ -237,14 +238,16 @@ int main(int argc, char** argv) {
             CK(cudaError_t(msa_attn_backward_dq(&bp, nullptr)));
             CK(cudaError_t(msa_attn_backward_dkv(&bp, nullptr)));
         };
-        const msa::bwd90::Params prm{items, counts, counts + 2, qidx, valid, lse, delta, split_slot,
-                                     row_ptr, vl, dq_acc, dkv_acc, dk, dv};
-        auto run_main = [&] {  // the claim counter restarts (the item build zeroes it in run_sm90)
-            CK(cudaMemsetAsync(counts + 2, 0, 4));
+        const msa::bwd90::Params prm{items, counts, counts + 2, counts + 3, counts + 4, qidx, valid, lse, delta,
+                                     split_slot, row_ptr, vl, dq_acc, dkv_acc, dk, dv};
+        auto run_main = [&] {  // the counters restart (the item build zeroes them in run_sm90)
+            CK(cudaMemsetAsync(counts + 2, 0, (msa::kCountWords - 2) * 4));
             CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr));
         };
         auto run_sm90 = [&] {
-            CK(cudaMemsetAsync(dq_acc, 0, nq * 4));
+            if (msa::bwd90::kDqZeroFirst > 0)
+                msa::bwd90::backward_zero_dq_kernel<<<msa::bwd90::zero_dq_ctas(h.T), 256>>>(
+                    reinterpret_cast<float4*>(dq_acc), h.T);
             build_items();
             msa::bwd90::backward_zero_slots_kernel<<<4 * sms, 256>>>(counts, reinterpret_cast<float4*>(dkv_acc));
             run_main();
@@ -259,6 +262,7 @@ int main(int argc, char** argv) {
         Compare cq{}, ck{}, cv{};
         {
             for (uint16_t* b : {dq, dk, dv}) CK(cudaMemset(b, 0xFF, (b == dq ? nq : nk) * 2));  // NaN poison
+            CK(cudaMemset(dq_acc, 0x7F, nq * 4));  // ~3.4e38: a chunk the zeroing misses shows
             run_sm90();
             CK(cudaDeviceSynchronize());
             cq = compare(download(dq, nq), download(dq_ref, nq));

@@ -23,13 +23,16 @@ constexpr int kKvItemQueries = MSA_KV_ITEM_QUERIES;
 constexpr int kItemBuildThreads = 1024;
 constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
 constexpr int kItemQueryBands = MSA_ITEM_QUERY_BANDS;
+// counts: items, dK/dV slots, then the main kernel's counters, zeroed by the build: items claimed,
+// dQ-zeroing units claimed, dQ-zeroing units done per group.
+constexpr int kCountWords = 3 + 1 + kGroups;
 static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the stable sort");
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in claim order for `grid` CTAs, rows past the count 0; split_slot [4, P]; split_part [4, P]
 // = a split row's first part (the deterministic mode's dK/dV partials: one per item of a split
-// row, numbered in id order), else -1; counts [3] = (items, slots, 0: the main kernel's claim
-// counter); by_band, rank [capacity] scratch. Internal linkage, as every header kernel.
+// row, numbered in id order), else -1; counts [kCountWords] = (items, slots, then zeros: the main
+// kernel's counters); by_band, rank [capacity] scratch. Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
@@ -92,8 +95,8 @@ __global__ void __launch_bounds__(kItemBuildThreads)
     if (threadIdx.x == 0) {
         counts[0] = item_base;
         counts[1] = slot_base;
-        counts[2] = 0;
     }
+    if (threadIdx.x >= 2 && threadIdx.x < kCountWords) counts[threadIdx.x] = 0;
 }
 }  // namespace
 

@@ -3,7 +3,9 @@
 // of attention/backward_sm90.cuh (the dK/dV finisher beside the dQ cast of
 // attention/dq_fragments.cuh), with the dQ accumulator zeroed first; the deterministic mode
 // builds its dQ grid (attention/backward_det_grid.cuh) in between and keeps one dK/dV part per
-// item of a split row, summed in id order by the epilogue. Compute capability 9.0 only: other
+// item of a split row, summed in id order by the epilogue. The dQ accumulator's first group is
+// zeroed before the main kernel, which zeroes the others while it works on the first (the list
+// is group-major). Compute capability 9.0 only: other
 // devices take the mma.sync backward.
 #include <cstdint>
 
@@ -47,7 +49,7 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.split_slot = w.rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.split_part = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.counts = w.split_part + align(kGroups * p * sizeof(int32_t));
-    w.dkv_acc = w.counts + align(3 * sizeof(int32_t));
+    w.dkv_acc = w.counts + align(kCountWords * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
     w.kv_bound = w.dq_step = w.bytes;
     if (det) {
@@ -74,7 +76,9 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
 
-    MSA_TRY(cudaMemsetAsync(dq_accum, 0, w.items, stream));
+    if (kDqZeroFirst > 0 && vl.total_q > 0)
+        MSA_TRY(launch(backward_zero_dq_kernel, dim3(zero_dq_ctas(vl.total_q)), dim3(256), stream,
+                       reinterpret_cast<float4*>(dq_accum), vl.total_q));
     const int grid = backward_grid(w.item_capacity, sms);
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    a.phys_q_indices, vl.padded_kv_blocks, vl.total_q, w.item_capacity, grid,
@@ -101,6 +105,8 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     p.items = items;
     p.counts = counts;
     p.claim = counts + 2;
+    p.zero_claim = counts + 3;
+    p.zero_done = counts + 4;
     p.phys_q_indices = a.phys_q_indices;
     p.phys_valid = a.phys_valid;
     p.lse = a.lse;

@@ -65,6 +65,14 @@ constexpr int kQBytes = 2 * kQHalf;
 constexpr int kTokenBytes = kHeadsPerGroup * 128;     // one query's 16 rows of a half
 static_assert(kTileQueries == kItemTileQueries, "the order's tiles are the kernel's");
 
+// The dQ accumulator's groups from kDqZeroFirst on are zeroed inside the main kernel, by the
+// producer warpgroup's spare warps, while the consumers work on the groups before them (the list
+// is group-major): units of kDqZeroTokens queries of one group, claimed in group order; group g's
+// first reduce-add waits until all its units are done. Groups before kDqZeroFirst are zeroed by
+// backward_zero_dq_kernel before the launch.
+constexpr int kDqZeroFirst = 1;
+constexpr int kDqZeroTokens = 32;
+
 // setmaxnreg per warpgroup: multiples of 8 that balance the launch's 168 registers a thread
 // (65,536 / 384, rounded down to 8): 128 x (168 - producer) = 256 x (consumer - 168).
 // The consumers take 240 (+0.7% over 232, run 49); the producer-side code spills 27
@@ -89,6 +97,7 @@ struct Smem {
     uint8_t dout[kStages][kQBytes];
     uint8_t ds[kBlock * kRows * 2];  // dS^T [128 keys][64 rows] bf16, 128-byte swizzle
     float dq[kDqBuffers][kRows * kHeadDim];  // dQ of the tile, 4 chunks in fragment order
+    alignas(128) float zeros[kDqChunk];  // the source of the dQ zeroing's bulk stores
     float lse[kStages][kRows];
     float delta[kStages][kRows];
     TileInfo info[kStages];
@@ -103,8 +112,10 @@ static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemS
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry), claim order
-    const int32_t* counts;  // [3]: items, dK/dV slots (backward_items_kernel)
+    const int32_t* counts;  // [kCountWords]: items, dK/dV slots (backward_items_kernel), then:
     int32_t* claim;         // counts + 2: items claimed past the first gridDim.x (zeroed by the build)
+    int32_t* zero_claim;    // counts + 3: dQ-zeroing units claimed
+    int32_t* zero_done;     // counts + 4: [4] dQ-zeroing units done per group
     const int32_t* phys_q_indices;  // [4, T * 16]
     const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
     const float* lse;               // [T, 64]
@@ -156,10 +167,20 @@ __device__ __forceinline__ void stage_dq(Smem<kDet>& sm, const float (&dq)[32], 
     fence_proxy_async_smem();
 }
 
-// The issuer's reductions of staged buffer buf into the fp32 dQ accumulator, one per query.
+// dQ-zeroing units per group (kDqZeroTokens queries each).
+__device__ __forceinline__ int dq_zero_units(const MsaVarlen& vl) { return (vl.total_q + kDqZeroTokens - 1) / kDqZeroTokens; }
+
+// The issuer's reductions of staged buffer buf into the fp32 dQ accumulator, one per query; the
+// first of group g waits for the group's zeros (bit g of `zeroed`: seen complete).
 template <bool kDet>
 __device__ __forceinline__ void reduce_dq(const Params& p, Smem<kDet>& sm, const int (&t)[kTileQueries], int g,
-                                          int buf) {
+                                          int buf, uint32_t& zeroed) {
+    if (g >= kDqZeroFirst && !(zeroed >> g & 1u)) {
+        const int units = dq_zero_units(p.varlen);
+        while (ld_acquire_gpu(p.zero_done + g) < units) __nanosleep(256);
+        fence_proxy_async_global();  // the zeros (generic stores) before the reduce-adds (async proxy)
+        zeroed |= 1u << g;
+    }
 #pragma unroll
     for (int slot = 0; slot < kTileQueries; ++slot) {
         if (t[slot] >= 0)
@@ -187,6 +208,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
     float dq_pend[32] = {};
     int pend_t[kTileQueries], pend_g = -1;  // pend_g < 0: nothing pending
     float pend_step0 = 0.f, pend_step1 = 0.f;  // kDet: the pending rows' grids
+    uint32_t zeroed = 0;                        // the issuer's: groups whose dQ zeros it has seen
     auto stage_pending = [&]() {
         const int buf = (tile_it - 1) & 1;
         if constexpr (kDet) {
@@ -197,7 +219,7 @@ __device__ __forceinline__ void consumer(Smem<kDet>& sm, const Params& p, int wg
         stage_dq(sm, dq_pend, buf, warp, lane, wg);
         if (issuer) bulk_wait_read_all();  // tile_it - 2's reductions have read the other buffer
         consumers_sync();
-        if (issuer) reduce_dq(p, sm, pend_t, pend_g, buf);
+        if (issuer) reduce_dq(p, sm, pend_t, pend_g, buf, zeroed);
     };
     for (int item_it = 0;; ++item_it) {
         mbar_wait(&sm.kv_full, item_it & 1);
@@ -412,6 +434,33 @@ __device__ __forceinline__ void zero_unselected(const Params& p, int w, int nw) 
     }
 }
 
+// Warp 1 of the producer warpgroup: claims dQ-zeroing units (group-major, so the groups the
+// consumers need first are zeroed first) until none is left, and publishes each unit's zeros to
+// the issuers by a release add on its group's count. Bulk stores of a zeroed shared buffer, not
+// the warp's own stores: those share the load/store pipe with the consumers' shared-memory
+// stores (dS^T, dQ staging) and cost the main kernel more than the memset (run 143).
+template <bool kDet>
+__device__ __forceinline__ void zero_dq_groups(const Params& p, Smem<kDet>& sm) {
+    const int lane = threadIdx.x & 31, per_group = dq_zero_units(p.varlen);
+    const int units = (kGroups - kDqZeroFirst) * per_group;
+#pragma unroll
+    for (int i = 0; i < kDqChunk / 4 / 32; ++i)
+        reinterpret_cast<float4*>(sm.zeros)[32 * i + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+    fence_proxy_async_smem();
+    __syncwarp();
+    if (lane != 0) return;
+    for (int u = atomicAdd(p.zero_claim, 1); u < units; u = atomicAdd(p.zero_claim, 1)) {
+        const int g = kDqZeroFirst + u / per_group, t0 = (u % per_group) * kDqZeroTokens;
+        const int t1 = min(p.varlen.total_q, t0 + kDqZeroTokens);
+        for (int t = t0; t < t1; ++t)
+            bulk_store(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk, sm.zeros, kDqChunk * 4);
+        bulk_commit();
+        bulk_wait_all();
+        fence_proxy_async_global();
+        red_release_gpu_add(p.zero_done + g, 1);
+    }
+}
+
 // Warp 0 of the producer warpgroup. Lanes 0..3 read the tile's CSR entries; lane 0 issues.
 template <bool kDet>
 __device__ __forceinline__ void producer(Smem<kDet>& sm, const Params& p, const CUtensorMap* qmap, const CUtensorMap* omap,
@@ -519,6 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         regs_dealloc<kProducerRegs>();
         if (warp == 0) producer<kDet>(sm, p, &qmap, &omap, &kmap, &vmap);
         if (warp >= 2) zero_unselected(p, warp - 2, 2);
+        if (warp == 1) zero_dq_groups(p, sm);
     } else {
         regs_alloc<kConsumerRegs>();
         consumer<kDet>(sm, p, warp / 4 - 1);
@@ -605,6 +655,23 @@ __global__ void __launch_bounds__(kCastThreads)
                        static_cast<int>(threadIdx.x % kBlock));
 }
 
+// Zeroes the dQ accumulator's groups before kDqZeroFirst (the main kernel zeroes the rest), for
+// total_q queries. Grid-stride, any grid.
+__global__ void backward_zero_dq_kernel(float4* __restrict__ dq_accum, int total_q) {
+    if constexpr (kDqZeroFirst > 0) {
+        constexpr int kQuads = kDqZeroFirst * kDqChunk / 4;  // per query
+        const int64_t n = static_cast<int64_t>(total_q) * kQuads;
+        for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+             i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+            dq_accum[i / kQuads * (kGroups * kDqChunk / 4) + i % kQuads] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+// Blocks of 256 threads for backward_zero_dq_kernel: four float4 stores a thread.
+inline unsigned zero_dq_ctas(int total_q) {
+    return static_cast<unsigned>((static_cast<int64_t>(total_q) * kDqZeroFirst * kDqChunk / 4 + 1023) / 1024);
+}
+
 // Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
 __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, float4* __restrict__ dkv_acc) {
     const int64_t n = static_cast<int64_t>(counts[1]) * 2 * kBlock * kHeadDim / 4;
@@ -619,11 +686,13 @@ __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, f
 // build's claim-order tail is made for this grid.
 inline int backward_grid(int capacity, int sms) { return capacity < sms ? capacity : sms; }
 
-// Whether launch_backward launches the main kernel (which zeroes the unselected dK/dV rows).
+// Whether launch_backward launches the main kernel (which zeroes the unselected dK/dV rows and the
+// dQ accumulator's groups from kDqZeroFirst on): whenever total_q > 0, as capacity > 0 then.
 inline bool backward_launches(int capacity, int total_q) { return capacity > 0 && total_q > 0; }
 
 // Encodes the maps and launches backward_grid persistent CTAs (the item count is read on the
-// device). dq_accum accumulates and so does dkv_acc unless kDet (zero them first); delta =
+// device). dq_accum accumulates (groups before kDqZeroFirst zeroed first: backward_zero_dq_kernel;
+// the kernel zeroes the others) and so does dkv_acc unless kDet (zero it first); delta =
 // rowsum(dout * out). kDet: the dQ grid of backward_det_grid.cuh. Run backward_epilogue_kernel
 // after it.
 template <bool kDet>

@@ -55,6 +55,14 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                  : "memory");
 }
 
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from `src` to global memory;
+// tracked by the issuing thread's bulk groups (bulk_commit / bulk_wait_all).
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+                 "r"(smem_u32(src)), "r"(bytes)
+                 : "memory");
+}
+
 // dst[i] += src[i] for `bytes` / 4 floats, element-wise atomic in L2; tracked by the issuing
 // thread's bulk groups (bulk_commit / bulk_wait_read).
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
