@@ -95,16 +95,17 @@ typedef struct MsaAttnBwdParams {
 /* Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the
  * main kernel's fragment order, attention/dq_fragments.cuh), the work items, their rows by id
  * [4 P + ceil(64 T / 512)] int4 each, the band scratch [the same] i32,
- * split slots and split parts [4, P] i32 each, counts [2] i32 and the dK/dV accumulators of split
+ * split slots and split parts [4, P] i32 each, counts [8] i32 and the dK/dV accumulators of split
  * rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned (P = varlen.padded_kv_blocks). */
 int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 /* dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability
  * 9.0 (cudaErrorNotSupported elsewhere): KV-outer over prepare's physical CSR
  * (attention/backward_sm90.cuh; the softmax scale rides on dS as in the sm_80 kernels). Enqueues:
- * zero dq_accum; the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR
+ * the item build (1 CTA: each (group, block) row cut into items of <= 512 CSR
  * entries, msa_plan::backward::kv_items); zero the slots of split rows; the main kernel (one
- * persistent CTA per SM, 384 threads, 177 KB dynamic smem; dQ by fp32 bulk reduce-adds, so not
- * bitwise repeatable; two of its warps zero the dK/dV rows nobody selected); the epilogue (one
+ * persistent CTA per SM, 384 threads, 217 KB dynamic smem; dQ by fp32 bulk reduce-adds into an
+ * accumulator one of its warps zeroes group by group ahead of them, so not bitwise repeatable; two
+ * of its warps zero the dK/dV rows nobody selected); the epilogue (one
  * launch of 256 threads: the dK/dV finisher, two (block, group) rows a CTA, and the dQ cast). Reads q, k, v, dout, lse,
  * delta, varlen, phys_row_ptr, phys_q_indices, phys_valid. */
 int msa_attn_backward_sm90(const MsaAttnBwdParams* params, void* stream);
