@@ -245,9 +245,6 @@ int main(int argc, char** argv) {
             CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr));
         };
         auto run_sm90 = [&] {
-            if (msa::bwd90::kDqZeroFirst > 0)
-                msa::bwd90::backward_zero_dq_kernel<<<msa::bwd90::zero_dq_ctas(h.T), 256>>>(
-                    reinterpret_cast<float4*>(dq_acc), h.T);
             build_items();
             msa::bwd90::backward_zero_slots_kernel<<<4 * sms, 256>>>(counts, reinterpret_cast<float4*>(dkv_acc));
             run_main();

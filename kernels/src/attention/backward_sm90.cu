@@ -76,9 +76,6 @@ cudaError_t run(const MsaAttnBwdParams& a, cudaStream_t stream) {
     int sms = 0;
     MSA_TRY(current_device_sms(&sms));
 
-    if (kDqZeroFirst > 0 && vl.total_q > 0)
-        MSA_TRY(launch(backward_zero_dq_kernel, dim3(zero_dq_ctas(vl.total_q)), dim3(256), stream,
-                       reinterpret_cast<float4*>(dq_accum), vl.total_q));
     const int grid = backward_grid(w.item_capacity, sms);
     MSA_TRY(launch(backward_items_kernel, dim3(1), dim3(kItemBuildThreads), stream, a.phys_row_ptr,
                    a.phys_q_indices, vl.padded_kv_blocks, vl.total_q, w.item_capacity, grid,

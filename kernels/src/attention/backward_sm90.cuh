@@ -65,12 +65,9 @@ constexpr int kQBytes = 2 * kQHalf;
 constexpr int kTokenBytes = kHeadsPerGroup * 128;     // one query's 16 rows of a half
 static_assert(kTileQueries == kItemTileQueries, "the order's tiles are the kernel's");
 
-// The dQ accumulator's groups from kDqZeroFirst on are zeroed inside the main kernel, by the
-// producer warpgroup's spare warps, while the consumers work on the groups before them (the list
-// is group-major): units of kDqZeroTokens queries of one group, claimed in group order; group g's
-// first reduce-add waits until all its units are done. Groups before kDqZeroFirst are zeroed by
-// backward_zero_dq_kernel before the launch.
-constexpr int kDqZeroFirst = 1;
+// The dQ accumulator is zeroed inside the main kernel, by the producer warpgroup's warp 1, while
+// the consumers work (the list is group-major): units of kDqZeroTokens queries of one group,
+// claimed in group order; group g's first reduce-add waits until all its units are done.
 constexpr int kDqZeroTokens = 32;
 
 // setmaxnreg per warpgroup: multiples of 8 that balance the launch's 168 registers a thread
@@ -175,7 +172,7 @@ __device__ __forceinline__ int dq_zero_units(const MsaVarlen& vl) { return (vl.t
 template <bool kDet>
 __device__ __forceinline__ void reduce_dq(const Params& p, Smem<kDet>& sm, const int (&t)[kTileQueries], int g,
                                           int buf, uint32_t& zeroed) {
-    if (g >= kDqZeroFirst && !(zeroed >> g & 1u)) {
+    if (!(zeroed >> g & 1u)) {
         const int units = dq_zero_units(p.varlen);
         while (ld_acquire_gpu(p.zero_done + g) < units) __nanosleep(256);
         fence_proxy_async_global();  // the zeros (generic stores) before the reduce-adds (async proxy)
@@ -442,7 +439,7 @@ __device__ __forceinline__ void zero_unselected(const Params& p, int w, int nw) 
 template <bool kDet>
 __device__ __forceinline__ void zero_dq_groups(const Params& p, Smem<kDet>& sm) {
     const int lane = threadIdx.x & 31, per_group = dq_zero_units(p.varlen);
-    const int units = (kGroups - kDqZeroFirst) * per_group;
+    const int units = kGroups * per_group;
 #pragma unroll
     for (int i = 0; i < kDqChunk / 4 / 32; ++i)
         reinterpret_cast<float4*>(sm.zeros)[32 * i + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -450,7 +447,7 @@ __device__ __forceinline__ void zero_dq_groups(const Params& p, Smem<kDet>& sm) 
     __syncwarp();
     if (lane != 0) return;
     for (int u = atomicAdd(p.zero_claim, 1); u < units; u = atomicAdd(p.zero_claim, 1)) {
-        const int g = kDqZeroFirst + u / per_group, t0 = (u % per_group) * kDqZeroTokens;
+        const int g = u / per_group, t0 = (u % per_group) * kDqZeroTokens;
         const int t1 = min(p.varlen.total_q, t0 + kDqZeroTokens);
         for (int t = t0; t < t1; ++t)
             bulk_store(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk, sm.zeros, kDqChunk * 4);
@@ -655,23 +652,6 @@ __global__ void __launch_bounds__(kCastThreads)
                        static_cast<int>(threadIdx.x % kBlock));
 }
 
-// Zeroes the dQ accumulator's groups before kDqZeroFirst (the main kernel zeroes the rest), for
-// total_q queries. Grid-stride, any grid.
-__global__ void backward_zero_dq_kernel(float4* __restrict__ dq_accum, int total_q) {
-    if constexpr (kDqZeroFirst > 0) {
-        constexpr int kQuads = kDqZeroFirst * kDqChunk / 4;  // per query
-        const int64_t n = static_cast<int64_t>(total_q) * kQuads;
-        for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-             i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-            dq_accum[i / kQuads * (kGroups * kDqChunk / 4) + i % kQuads] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-}
-
-// Blocks of 256 threads for backward_zero_dq_kernel: four float4 stores a thread.
-inline unsigned zero_dq_ctas(int total_q) {
-    return static_cast<unsigned>((static_cast<int64_t>(total_q) * kDqZeroFirst * kDqChunk / 4 + 1023) / 1024);
-}
-
 // Zeroes the dK/dV slots in use (counts[1] of them, a device count). Grid-stride, any grid.
 __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, float4* __restrict__ dkv_acc) {
     const int64_t n = static_cast<int64_t>(counts[1]) * 2 * kBlock * kHeadDim / 4;
@@ -687,14 +667,13 @@ __global__ void backward_zero_slots_kernel(const int32_t* __restrict__ counts, f
 inline int backward_grid(int capacity, int sms) { return capacity < sms ? capacity : sms; }
 
 // Whether launch_backward launches the main kernel (which zeroes the unselected dK/dV rows and the
-// dQ accumulator's groups from kDqZeroFirst on): whenever total_q > 0, as capacity > 0 then.
+// dQ accumulator): whenever total_q > 0, as capacity > 0 then.
 inline bool backward_launches(int capacity, int total_q) { return capacity > 0 && total_q > 0; }
 
 // Encodes the maps and launches backward_grid persistent CTAs (the item count is read on the
-// device). dq_accum accumulates (groups before kDqZeroFirst zeroed first: backward_zero_dq_kernel;
-// the kernel zeroes the others) and so does dkv_acc unless kDet (zero it first); delta =
-// rowsum(dout * out). kDet: the dQ grid of backward_det_grid.cuh. Run backward_epilogue_kernel
-// after it.
+// device). dq_accum accumulates (the kernel zeroes it first) and so does dkv_acc unless kDet
+// (zero it first); delta = rowsum(dout * out). kDet: the dQ grid of backward_det_grid.cuh. Run
+// backward_epilogue_kernel after it.
 template <bool kDet>
 inline cudaError_t launch_backward(const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                                    const Params& p, int capacity, int sms, cudaStream_t stream) {
