@@ -713,7 +713,7 @@ unsafe extern "C" {
         params: *const MsaAttnFwdParams,
         stream: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
-    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the\n main kernel's fragment order, attention/dq_fragments.cuh), the work items, their rows by id\n [4 P + ceil(64 T / 512)] int4 each, the band scratch [the same] i32,\n split slots and split parts [4, P] i32 each, counts [8] i32 and the dK/dV accumulators of split\n rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned (P = varlen.padded_kv_blocks)."]
+    #[doc = " Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the\n main kernel's fragment order, attention/dq_fragments.cuh), the work items, their rows by id\n [4 P + ceil(64 T / 512)] int4 each, the band scratch [the same] i32,\n split slots and split parts [4, P] i32 each, counts [12] i32 and the dK/dV accumulators of split\n rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned (P = varlen.padded_kv_blocks)."]
     pub fn msa_attn_backward_sm90_workspace_bytes(
         varlen: MsaVarlen,
         bytes: *mut usize,

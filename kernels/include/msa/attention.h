@@ -95,7 +95,7 @@ typedef struct MsaAttnBwdParams {
 /* Workspace bytes of msa_attn_backward_sm90 (host arithmetic): dq_accum [T, 4, 2048] f32 (in the
  * main kernel's fragment order, attention/dq_fragments.cuh), the work items, their rows by id
  * [4 P + ceil(64 T / 512)] int4 each, the band scratch [the same] i32,
- * split slots and split parts [4, P] i32 each, counts [8] i32 and the dK/dV accumulators of split
+ * split slots and split parts [4, P] i32 each, counts [12] i32 and the dK/dV accumulators of split
  * rows [floor(64 T / 513), 2, 128, 128] f32, each 256-byte aligned (P = varlen.padded_kv_blocks). */
 int msa_attn_backward_sm90_workspace_bytes(MsaVarlen varlen, size_t* bytes);
 /* dq, dk, dv (bf16, written in full; keys nobody selected get exact zeros) on compute capability

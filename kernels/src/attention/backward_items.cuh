@@ -24,15 +24,18 @@ constexpr int kItemBuildThreads = 1024;
 constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
 constexpr int kItemQueryBands = MSA_ITEM_QUERY_BANDS;
 // counts: items, dK/dV slots, then the main kernel's counters, zeroed by the build: items claimed,
-// dQ-zeroing units claimed, dQ-zeroing units done per group.
+// dQ-zeroing units claimed, dQ-zeroing units done per group; then each group's first claim index
+// (the item count when it has none), which paces the main kernel's dQ zeroing.
 constexpr int kCountWords = 3 + 1 + kGroups;
+constexpr int kGroupFirstWord = kCountWords;
+constexpr int kCountWordsTotal = kCountWords + kGroups;
 static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the stable sort");
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in claim order for `grid` CTAs, rows past the count 0; split_slot [4, P]; split_part [4, P]
 // = a split row's first part (the deterministic mode's dK/dV partials: one per item of a split
-// row, numbered in id order), else -1; counts [kCountWords] = (items, slots, then zeros: the main
-// kernel's counters); by_band, rank [capacity] scratch. Internal linkage, as every header kernel.
+// row, numbered in id order), else -1; counts [kCountWordsTotal] = (items, slots, then zeros: the
+// main kernel's counters, then each group's first claim index); by_band, rank [capacity] scratch. Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
@@ -42,6 +45,8 @@ __global__ void __launch_bounds__(kItemBuildThreads)
                           int32_t* __restrict__ rank) {
     __shared__ BlockScanSmem<kItemBuildThreads> scan;
     __shared__ LptSmem<kItemBuildThreads> lpt;
+    __shared__ int group_first[kGroups];
+    if (threadIdx.x < kGroups) group_first[threadIdx.x] = INT32_MAX;  // read after claim_order's barriers
     const int rows = kGroups * blocks;
     int item_base = 0, slot_base = 0, part_base = 0;
     for (int chunk = 0; chunk < rows; chunk += kItemBuildThreads) {
@@ -90,13 +95,19 @@ __global__ void __launch_bounds__(kItemBuildThreads)
             const int4 r = rows_out[by_band[k]];
             return (r.w - r.z + kItemTileQueries - 1) / kItemTileQueries;
         },
-        [&](int k, int p) { items[p] = rows_out[by_band[k]]; });
+        [&](int k, int p) {
+            const int4 r = rows_out[by_band[k]];
+            items[p] = r;
+            atomicMin(&group_first[r.x], p);
+        });
+    __syncthreads();  // group_first complete
     for (int i = item_base + threadIdx.x; i < capacity; i += kItemBuildThreads) items[i] = make_int4(0, 0, 0, 0);
     if (threadIdx.x == 0) {
         counts[0] = item_base;
         counts[1] = slot_base;
     }
     if (threadIdx.x >= 2 && threadIdx.x < kCountWords) counts[threadIdx.x] = 0;
+    if (threadIdx.x < kGroups) counts[kGroupFirstWord + threadIdx.x] = min(group_first[threadIdx.x], item_base);
 }
 }  // namespace
 

@@ -69,6 +69,10 @@ static_assert(kTileQueries == kItemTileQueries, "the order's tiles are the kerne
 // the consumers work (the list is group-major): units of kDqZeroTokens queries of one group,
 // claimed in group order; group g's first reduce-add waits until all its units are done.
 constexpr int kDqZeroTokens = 32;
+// Groups after the first are zeroed over the first kDqZeroPaceNum / kDqZeroPaceDen of the items
+// handed out before them (zero_dq_groups; 3/4 and 1/2 measured alike, run 146).
+constexpr int kDqZeroPaceNum = 3;
+constexpr int kDqZeroPaceDen = 4;
 
 // setmaxnreg per warpgroup: multiples of 8 that balance the launch's 168 registers a thread
 // (65,536 / 384, rounded down to 8): 128 x (168 - producer) = 256 x (consumer - 168).
@@ -109,10 +113,11 @@ static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemS
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry), claim order
-    const int32_t* counts;  // [kCountWords]: items, dK/dV slots (backward_items_kernel), then:
+    const int32_t* counts;  // [kCountWordsTotal]: items, dK/dV slots (backward_items_kernel), then:
     int32_t* claim;         // counts + 2: items claimed past the first gridDim.x (zeroed by the build)
     int32_t* zero_claim;    // counts + 3: dQ-zeroing units claimed
     int32_t* zero_done;     // counts + 4: [4] dQ-zeroing units done per group
+    const int32_t* group_first;  // counts + kGroupFirstWord: [4] each group's first claim index
     const int32_t* phys_q_indices;  // [4, T * 16]
     const int32_t* phys_valid;      // [4, T * 16]: visible keys in the low 8 bits
     const float* lse;               // [T, 64]
@@ -435,7 +440,12 @@ __device__ __forceinline__ void zero_unselected(const Params& p, int w, int nw) 
 // consumers need first are zeroed first) until none is left, and publishes each unit's zeros to
 // the issuers by a release add on its group's count. Bulk stores of a zeroed shared buffer, not
 // the warp's own stores: those share the load/store pipe with the consumers' shared-memory
-// stores (dS^T, dQ staging) and cost the main kernel more than the memset (run 143).
+// stores (dS^T, dQ staging) and cost the main kernel more than the memset (run 143). Group 0 is
+// zeroed at once (the first reduce-adds wait for it); group g > 0 is paced by the items handed
+// out, its units spread over the first kDqZeroPaceNum / kDqZeroPaceDen of the items between the
+// previous group's first one and its own, rather than stored in one burst at the start (+0.3%,
+// run 146). Every item before a threshold belongs to an earlier group (first claim indices are
+// suffix minima), whose units were claimed first: the waits cannot close a cycle.
 template <bool kDet>
 __device__ __forceinline__ void zero_dq_groups(const Params& p, Smem<kDet>& sm) {
     const int lane = threadIdx.x & 31, per_group = dq_zero_units(p.varlen);
@@ -446,8 +456,18 @@ __device__ __forceinline__ void zero_dq_groups(const Params& p, Smem<kDet>& sm) 
     fence_proxy_async_smem();
     __syncwarp();
     if (lane != 0) return;
+    int bound[kGroups];  // bound[g]: no item before it belongs to group g or a later one
+    bound[kGroups - 1] = p.group_first[kGroups - 1];
+#pragma unroll
+    for (int g = kGroups - 2; g >= 0; --g) bound[g] = min(bound[g + 1], p.group_first[g]);
     for (int u = atomicAdd(p.zero_claim, 1); u < units; u = atomicAdd(p.zero_claim, 1)) {
-        const int g = u / per_group, t0 = (u % per_group) * kDqZeroTokens;
+        const int g = u / per_group, k = u % per_group, t0 = k * kDqZeroTokens;
+        if (g > 0) {
+            const int lo = bound[g - 1], span = bound[g] - lo;
+            const int at = lo + static_cast<int>(static_cast<int64_t>(span) * kDqZeroPaceNum * (k + 1) /
+                                                 (static_cast<int64_t>(kDqZeroPaceDen) * per_group));
+            while (static_cast<int>(gridDim.x) + ld_relaxed_gpu(p.claim) < at) __nanosleep(500);
+        }
         const int t1 = min(p.varlen.total_q, t0 + kDqZeroTokens);
         for (int t = t0; t < t1; ++t)
             bulk_store(p.dq_accum + (static_cast<int64_t>(t) * kGroups + g) * kDqChunk, sm.zeros, kDqChunk * 4);
