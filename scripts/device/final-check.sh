@@ -13,7 +13,8 @@
 # FINAL_NCU=0 the ncu one; FINAL_PATTERNS=random,b0p99,indexer also times those patterns
 # (forward, v1's forward beside it, both backward modes, 3 iterations; FINAL_PATTERN_STAGES
 # replaces the list, FINAL_PATTERN_LIMIT the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs
-# no correctness job; FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
+# no correctness job; FINAL_SOLO="suite1" runs those jobs one at a time on the quiet GPU before
+# the concurrent ones (suite1's task-build sweep does not finish among ten jobs); FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
 # and msa (variants-bench.sh's layout; the torch job tests target/wheels against that msa), FINAL_BENCH=.gpu-bundle/var/NAME
 # times that variant's msa (the peers stay main's bundle's). FINAL_FLEX_EXACT=N
 # adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
@@ -59,7 +60,7 @@ L=$((end - SECONDS)); echo "=== concurrent jobs, $L s"
 job() { local n="$1"; shift; mkdir -p "$F/$n"; ( cd "$suite" && MSA_GPU_RESULTS="$F/$n" timeout "$L" "$@" > "$F/$n/log" 2>&1; echo "rc=$?" >> "$F/$n/log" ) & }
 real="${FINAL_REAL:-27..48}"; ra="${real%..*}"; rb="${real#*..}"; r1=$((ra + (rb - ra) / 3)); r2=$((ra + 2 * (rb - ra) / 3))
 jobs="${FINAL_JOBS:-suite1 suite2 detrows edge sanitize torch real}"
-for n in $jobs; do case "$n" in
+start() { local n="$1"; case "$n" in
   suite1) job suite1 ./gpu-suite --test-threads=1 prepare:: task_build:: attention::empty reference:: indexer:: kl:: pre_post:: ;;
   suite2) job suite2 ./gpu-suite --test-threads=1 graph:: attention::deterministic \
             --skip deterministic_backward_is_bitwise_on_every_bench_row ;;
@@ -76,7 +77,10 @@ for n in $jobs; do case "$n" in
           job "real${s%..*}" env MSA_REAL_FULL=0 MSA_REAL_CASES="$s" ./gpu-suite real_cases --test-threads=1 --nocapture
         done ;;
   *) echo "unknown job $n" ;;
-esac; done
+esac; }
+for n in ${FINAL_SOLO:-}; do L=$((end - SECONDS)); start "$n"; wait; done
+L=$((end - SECONDS))
+for n in $jobs; do start "$n"; done
 wait
 for d in "$F"/*/; do
   [ -d "$d" ] || continue  # FINAL_JOBS=" ": no job ran
