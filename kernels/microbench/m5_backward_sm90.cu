@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&rank, size_t(cap) * 4));
         CK(cudaMalloc(&split_slot, size_t(4) * h.P * 4));
         CK(cudaMalloc(&split_part, size_t(4) * h.P * 4));
-        CK(cudaMalloc(&counts, msa::kCountWordsTotal * 4));
+        CK(cudaMalloc(&counts, msa::kCountWords * 4));
         int* topk = upload(topk_h);
         int* row_ptr = upload(csr.row_ptr);
         int* qidx = upload(csr.q);
@@ -195,10 +195,10 @@ int main(int argc, char** argv) {
         CK(cudaDeviceSynchronize());
         {
             const std::vector<int4> di = download(items, cap);
-            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, msa::kCountWordsTotal);
+            const std::vector<int> ds = download(split_slot, size_t(4) * h.P), dc = download(counts, msa::kCountWords);
             const std::vector<int> dp = download(split_part, size_t(4) * h.P);
             bool same = dc[0] == int(items_h.size()) && dc[1] == w.slots && ds == w.split_slot && dp == w.split_part;
-            for (int i = 2; i < msa::kCountWords; ++i) same = same && dc[i] == 0;
+            for (int i = 2; i < msa::kGroupFirstWord; ++i) same = same && dc[i] == 0;
             for (int g = 0; g < msa::kGroups; ++g) {  // each group's first claim index
                 int first = int(items_h.size());
                 for (int i = int(items_h.size()) - 1; i >= 0; --i)
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
                                      qidx,      valid,  lse,        delta,      split_slot, row_ptr,
                                      vl,        dq_acc, dkv_acc,    dk,         dv};
         auto run_main = [&] {  // the counters restart (the item build zeroes them in run_sm90)
-            CK(cudaMemsetAsync(counts + 2, 0, (msa::kCountWords - 2) * 4));
+            CK(cudaMemsetAsync(counts + 2, 0, (msa::kGroupFirstWord - 2) * 4));
             CK(msa::bwd90::launch_backward<false>(q, k, v, dout, prm, cap, sms, nullptr));
         };
         auto run_sm90 = [&] {

@@ -14,7 +14,8 @@
 # (forward, v1's forward beside it, both backward modes, 3 iterations; FINAL_PATTERN_STAGES
 # replaces the list, FINAL_PATTERN_LIMIT the 240 s bound) on the quiet GPU. FINAL_JOBS=" " runs
 # no correctness job; FINAL_SOLO="suite1" runs those jobs one at a time on the quiet GPU before
-# the concurrent ones (suite1's task-build sweep does not finish among ten jobs); FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
+# the concurrent ones (suite1's task-build sweep does not finish among ten jobs);
+# FINAL_SUITE=.gpu-bundle/var/NAME runs them with that variant's gpu-suite
 # and msa (variants-bench.sh's layout; the torch job tests target/wheels against that msa), FINAL_BENCH=.gpu-bundle/var/NAME
 # times that variant's msa (the peers stay main's bundle's). FINAL_FLEX_EXACT=N
 # adds FlexAttention with MSA's exact semantics on the first N benchmark rows (-1: all 32), each
@@ -56,7 +57,6 @@ echo "=== ncu prepare and run orders, 151:7"
    --stages prepare,forward,backward --warmup 0 --iters 1 > "$F/ncu.log" 2>&1; echo "rc=$?"); grep -E "_kernel|gpu__time" "$F/ncu.log" | head -24
 fi
 fi
-L=$((end - SECONDS)); echo "=== concurrent jobs, $L s"
 job() { local n="$1"; shift; mkdir -p "$F/$n"; ( cd "$suite" && MSA_GPU_RESULTS="$F/$n" timeout "$L" "$@" > "$F/$n/log" 2>&1; echo "rc=$?" >> "$F/$n/log" ) & }
 real="${FINAL_REAL:-27..48}"; ra="${real%..*}"; rb="${real#*..}"; r1=$((ra + (rb - ra) / 3)); r2=$((ra + 2 * (rb - ra) / 3))
 jobs="${FINAL_JOBS:-suite1 suite2 detrows edge sanitize torch real}"
@@ -78,8 +78,8 @@ start() { local n="$1"; case "$n" in
         done ;;
   *) echo "unknown job $n" ;;
 esac; }
-for n in ${FINAL_SOLO:-}; do L=$((end - SECONDS)); start "$n"; wait; done
-L=$((end - SECONDS))
+for n in ${FINAL_SOLO:-}; do L=$((end - SECONDS)); echo "=== $n alone, $L s"; start "$n"; wait; done
+L=$((end - SECONDS)); echo "=== concurrent jobs, $L s"
 for n in $jobs; do start "$n"; done
 wait
 for d in "$F"/*/; do

@@ -23,19 +23,19 @@ constexpr int kKvItemQueries = MSA_KV_ITEM_QUERIES;
 constexpr int kItemBuildThreads = 1024;
 constexpr int kItemTileQueries = MSA_KV_TILE_QUERIES;  // CSR entries per tile of the main kernel
 constexpr int kItemQueryBands = MSA_ITEM_QUERY_BANDS;
-// counts: items, dK/dV slots, then the main kernel's counters, zeroed by the build: items claimed,
-// dQ-zeroing units claimed, dQ-zeroing units done per group; then each group's first claim index
-// (the item count when it has none), which paces the main kernel's dQ zeroing.
-constexpr int kCountWords = 3 + 1 + kGroups;
-constexpr int kGroupFirstWord = kCountWords;
-constexpr int kCountWordsTotal = kCountWords + kGroups;
+// counts: items, dK/dV slots, then the main kernel's counters, zeroed by the build (items claimed,
+// dQ-zeroing units claimed, dQ-zeroing units done per group), then from kGroupFirstWord each
+// group's first claim index (the item count when it has none), which paces the dQ zeroing.
+constexpr int kGroupFirstWord = 3 + 1 + kGroups;
+constexpr int kCountWords = kGroupFirstWord + kGroups;
 static_assert(kGroups * kItemQueryBands <= kLptBins, "a band is a bin of the stable sort");
 
 // rows [capacity, 4] = (head, block, first entry, end entry) by item id; items [capacity, 4] the
 // same in claim order for `grid` CTAs, rows past the count 0; split_slot [4, P]; split_part [4, P]
 // = a split row's first part (the deterministic mode's dK/dV partials: one per item of a split
-// row, numbered in id order), else -1; counts [kCountWordsTotal] = (items, slots, then zeros: the
-// main kernel's counters, then each group's first claim index); by_band, rank [capacity] scratch. Internal linkage, as every header kernel.
+// row, numbered in id order), else -1; counts [kCountWords] = (items, slots, then zeros: the main
+// kernel's counters, then each group's first claim index); by_band, rank [capacity] scratch.
+// Internal linkage, as every header kernel.
 namespace {
 __global__ void __launch_bounds__(kItemBuildThreads)
     backward_items_kernel(const int32_t* __restrict__ phys_row_ptr, const int32_t* __restrict__ phys_q_indices,
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kItemBuildThreads)
         counts[0] = item_base;
         counts[1] = slot_base;
     }
-    if (threadIdx.x >= 2 && threadIdx.x < kCountWords) counts[threadIdx.x] = 0;
+    if (threadIdx.x >= 2 && threadIdx.x < kGroupFirstWord) counts[threadIdx.x] = 0;
     if (threadIdx.x < kGroups) counts[kGroupFirstWord + threadIdx.x] = min(group_first[threadIdx.x], item_base);
 }
 }  // namespace

@@ -49,7 +49,7 @@ Workspace workspace_layout(const MsaVarlen& vl, bool det) {
     w.split_slot = w.rank + align(static_cast<size_t>(w.item_capacity) * sizeof(int32_t));
     w.split_part = w.split_slot + align(kGroups * p * sizeof(int32_t));
     w.counts = w.split_part + align(kGroups * p * sizeof(int32_t));
-    w.dkv_acc = w.counts + align(kCountWordsTotal * sizeof(int32_t));
+    w.dkv_acc = w.counts + align(kCountWords * sizeof(int32_t));
     w.bytes = w.dkv_acc + align(slots * 2 * kBlock * kHeadDim * sizeof(float));
     w.kv_bound = w.dq_step = w.bytes;
     if (det) {

@@ -113,7 +113,7 @@ static_assert(kSmemBytes<true> <= kMaxSmemSm90 && kSmemBytes<false> <= kMaxSmemS
 
 struct Params {
     const int4* items;      // (group, physical block, first CSR entry, end CSR entry), claim order
-    const int32_t* counts;  // [kCountWordsTotal]: items, dK/dV slots (backward_items_kernel), then:
+    const int32_t* counts;  // [kCountWords]: items, dK/dV slots (backward_items_kernel), then:
     int32_t* claim;         // counts + 2: items claimed past the first gridDim.x (zeroed by the build)
     int32_t* zero_claim;    // counts + 3: dQ-zeroing units claimed
     int32_t* zero_done;     // counts + 4: [4] dQ-zeroing units done per group
